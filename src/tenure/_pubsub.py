@@ -1,0 +1,135 @@
+"""The event-delivery contract (CONTRACT section 6): ``PubSub`` and ``Event``."""
+
+from __future__ import annotations
+
+import abc
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+from typing import Any, Self
+
+from ._errors import InvalidArgument
+from ._validate import check_name
+
+__all__ = ["Callback", "Event", "PubSub", "check_callback", "check_group", "prepare_event"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event on a topic.
+
+    ``type`` and ``data`` (JSON-serialisable) are the caller's; ``run_id`` ties
+    the event to a run. ``id`` and ``created_at`` (seconds since the epoch) are
+    set when it is published. ``attempt`` counts deliveries: 1 the first time,
+    higher when an earlier delivery raised or its subscriber died.
+    """
+
+    type: str
+    data: Any = None
+    run_id: str | None = None
+    id: str | None = None
+    created_at: float | None = None
+    attempt: int = field(default=1, compare=False)
+
+    def to_json(self) -> str:
+        """The event's fields (without ``attempt``) as a JSON document."""
+        return json.dumps(
+            {
+                "type": self.type,
+                "data": self.data,
+                "run_id": self.run_id,
+                "id": self.id,
+                "created_at": self.created_at,
+            },
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes, attempt: int = 1) -> Event:
+        doc = json.loads(text)
+        return cls(
+            type=doc["type"],
+            data=doc["data"],
+            run_id=doc["run_id"],
+            id=doc["id"],
+            created_at=doc["created_at"],
+            attempt=attempt,
+        )
+
+
+Callback = Callable[[Event], Awaitable[Any]]
+
+
+def prepare_event(event: Any) -> Event:
+    """Validate ``event`` and give it an ``id`` and ``created_at`` if it has none."""
+    if not isinstance(event, Event):
+        raise InvalidArgument(f"event must be a tenure.Event, got {type(event).__name__}")
+    if not isinstance(event.type, str) or not event.type:
+        raise InvalidArgument("event.type must be a non-empty str")
+    if event.run_id is not None:
+        check_name(event.run_id, "event.run_id")
+    try:
+        json.dumps(event.data)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"event.data must be JSON-serialisable: {exc}") from None
+    return replace(
+        event,
+        id=event.id or uuid.uuid4().hex,
+        created_at=event.created_at if event.created_at is not None else time.time(),
+        attempt=1,
+    )
+
+
+def check_callback(callback: Any) -> Callback:
+    if not callable(callback):
+        raise InvalidArgument(f"callback must be callable, got {type(callback).__name__}")
+    return callback  # type: ignore[no-any-return]
+
+
+def check_group(group: Any) -> str | None:
+    return None if group is None else check_name(group, "group")
+
+
+class PubSub(abc.ABC):
+    """Publish events to topics; deliver them to subscribers.
+
+    Without a ``group`` every subscriber gets every event (fan-out). Subscribers
+    that share a ``group`` compete: each event goes to one of them. A callback
+    that returns acknowledges the event; one that raises gets it redelivered,
+    up to the backend's ``max_attempts``, after which it is dropped and logged.
+    """
+
+    @abc.abstractmethod
+    async def publish(self, topic: str, event: Event) -> Event:
+        """Publish ``event`` on ``topic``; returns it with ``id`` and ``created_at`` set."""
+
+    @abc.abstractmethod
+    async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
+        """Deliver events published on ``topic`` from now on to ``callback``."""
+
+    @abc.abstractmethod
+    async def unsubscribe(self, topic: str, callback: Callback) -> None:
+        """Stop delivering ``topic`` to ``callback`` (no error if it was not subscribed)."""
+
+    @abc.abstractmethod
+    async def flush(self) -> None:
+        """Wait until every event published so far has been handled by local subscribers."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Stop delivery and release every resource; later calls raise ``BackendClosed``."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

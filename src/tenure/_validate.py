@@ -1,0 +1,61 @@
+"""Argument validation shared by every backend (CONTRACT section 5).
+
+Pure functions, no I/O. Every backend calls these before it sends anything, so
+the messages are the same everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._errors import InvalidArgument
+
+__all__ = ["MAX_NAME_BYTES", "MAX_TTL_MS", "check_name", "check_timeout", "check_ttl"]
+
+MAX_NAME_BYTES = 1024
+MAX_TTL_MS = 2**31 - 1
+
+
+def check_name(value: Any, arg: str) -> str:
+    """Return ``value`` if it is a valid key or owner, else raise :class:`InvalidArgument`.
+
+    Valid: a non-empty ``str`` of at most 1024 bytes in UTF-8. Any Unicode is
+    allowed, NUL included; a lone surrogate (not encodable) is not.
+    """
+    # Fast path: ASCII strings are always encodable and one byte per character.
+    if type(value) is str and value.isascii() and 0 < len(value) <= MAX_NAME_BYTES:
+        return value
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{arg} must be a str, got {type(value).__name__}")
+    if not value:
+        raise InvalidArgument(f"{arg} must not be empty")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument(
+            f"{arg} must be encodable as UTF-8 (it contains a lone surrogate)"
+        ) from None
+    if size > MAX_NAME_BYTES:
+        raise InvalidArgument(f"{arg} must be at most {MAX_NAME_BYTES} bytes in UTF-8, got {size}")
+    return value
+
+
+def check_ttl(value: Any, arg: str = "ttl_ms") -> int:
+    """Return ``value`` if it is a valid TTL in milliseconds, else raise :class:`InvalidArgument`."""
+    if type(value) is int and 1 <= value <= MAX_TTL_MS:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{arg} must be an int (milliseconds), got {type(value).__name__}")
+    ttl = int(value)
+    if 1 <= ttl <= MAX_TTL_MS:
+        return ttl
+    raise InvalidArgument(f"{arg} must be between 1 and {MAX_TTL_MS} milliseconds, got {ttl}")
+
+
+def check_timeout(value: Any, arg: str = "timeout") -> float:
+    """Return ``value`` as seconds if it is a finite number >= 0, else raise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"{arg} must be a number of seconds, got {type(value).__name__}")
+    if not value >= 0 or value == float("inf"):
+        raise InvalidArgument(f"{arg} must be a finite number of seconds >= 0, got {value}")
+    return float(value)

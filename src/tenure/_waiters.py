@@ -1,0 +1,82 @@
+"""Process-local waiters for lease wake-ups, shared by the backends.
+
+A backend that can learn that a lease was released or transferred (its own
+operation, a Redis message, a PostgreSQL notification, …) calls
+:meth:`KeyWaiters.wake_one`. Only the longest-waiting local waiter of the key
+wakes, so a release does not stampede every waiter of the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+__all__ = ["KeyWaiters"]
+
+
+class KeyWaiters:
+    def __init__(self) -> None:
+        self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._waiters.values())
+
+    def keys(self) -> list[str]:
+        return list(self._waiters)
+
+    def register(self, key: str) -> asyncio.Future[None]:
+        """A future that completes when this waiter is woken; register before you look."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(key, deque()).append(fut)
+        return fut
+
+    def discard(self, key: str, fut: asyncio.Future[None]) -> None:
+        """Forget a waiter that gives up; a wake-up it already received is passed on."""
+        queue = self._waiters.get(key)
+        if queue is not None:
+            try:
+                queue.remove(fut)
+            except ValueError:
+                pass
+            if not queue:
+                del self._waiters[key]
+        if fut.done():
+            if not fut.cancelled():
+                self.wake_one(key)
+        else:
+            fut.cancel()
+
+    def wake_one(self, key: str) -> bool:
+        """Wake the longest-waiting waiter of ``key``; ``False`` if there is none."""
+        queue = self._waiters.get(key)
+        while queue:
+            fut = queue.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                if not queue:
+                    del self._waiters[key]
+                return True
+        self._waiters.pop(key, None)
+        return False
+
+    def wake_all(self) -> None:
+        """Wake every waiter (the backend lost track, e.g. after a reconnect)."""
+        for queue in self._waiters.values():
+            for fut in queue:
+                if not fut.done():
+                    fut.set_result(None)
+        self._waiters.clear()
+
+    async def wait(self, key: str, fut: asyncio.Future[None], timeout: float) -> bool:
+        """Wait on a registered future; ``True`` if woken, ``False`` on timeout."""
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout=max(0.0, timeout))
+        except TimeoutError:
+            if fut.done() and not fut.cancelled():
+                return True  # woken at the last moment: the wake-up is ours
+            self.discard(key, fut)
+            return False
+        except BaseException:
+            self.discard(key, fut)
+            raise
+        return True

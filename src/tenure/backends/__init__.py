@@ -1,0 +1,1 @@
+"""Backends. Each module is imported only when its URL scheme is used."""

@@ -1,0 +1,336 @@
+"""Leases and pub/sub inside one process.
+
+The in-memory backend is the reference implementation of the contract and the
+test double for code built on tenure: it passes the same contract suite as the
+networked backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .._contract import AcquireResult, LeaseRecord
+from .._errors import BackendClosed, ConfigurationError, InvalidArgument
+from .._pubsub import Callback, Event, PubSub, check_callback, check_group, prepare_event
+from .._validate import check_name, check_timeout, check_ttl
+from .._waiters import KeyWaiters
+
+__all__ = ["MemoryPubSub"]
+
+logger = logging.getLogger("tenure.memory")
+
+
+class _Lease:
+    __slots__ = ("deadline", "owner", "token")
+
+    def __init__(self, owner: str, token: int, deadline: float) -> None:
+        self.owner = owner
+        self.token = token
+        self.deadline = deadline
+
+
+@dataclass(eq=False)
+class _Group:
+    """A queue of events and the workers that drain it.
+
+    A fan-out subscriber has a private group of one; a named group is shared by
+    its members, who compete for its events.
+    """
+
+    name: str | None
+    queue: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    workers: dict[Callback, asyncio.Task[None]] = field(default_factory=dict)
+
+
+class MemoryPubSub(PubSub):
+    """Pub/sub and leases for one process (``memory://``).
+
+    Leases: atomic because every operation runs to completion on the event loop
+    without awaiting. Deadlines are kept on ``clock`` (``time.monotonic`` by
+    default, injectable for tests, in seconds). Fencing tokens come from one
+    counter for the whole backend, so they strictly increase for every key, also
+    after a lease expired and its bookkeeping was dropped. Expired leases are
+    swept as operations run, so memory stays proportional to the live leases.
+    A lease is lost only when its owner stops renewing it or the process exits.
+
+    Pub/sub: not durable. Events published while a topic has no subscriber are
+    dropped; events queued for a group are lost when its last member
+    unsubscribes or the backend closes. A raising callback gets the event again
+    (with ``attempt`` increased) up to ``max_attempts`` deliveries, then the
+    event is dropped and logged at ERROR.
+    """
+
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, max_attempts: int = 5
+    ) -> None:
+        if type(max_attempts) is not int or max_attempts < 1:
+            raise InvalidArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+        self._clock = clock
+        self._max_attempts = max_attempts
+        self._leases: dict[str, _Lease] = {}
+        # (deadline, key) for every lease ever set; stale entries are skipped and
+        # compacted away once they outnumber the live leases.
+        self._deadlines: list[tuple[float, str]] = []
+        self._last_token = 0
+        self._topics: dict[str, dict[str | Callback, _Group]] = {}
+        self._waiters = KeyWaiters()
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> MemoryPubSub:
+        """``memory://`` (nothing may follow it); ``options`` go to the constructor."""
+        if url.rstrip("/").lower() != "memory:":
+            raise ConfigurationError(f"memory:// takes no host, path or query, got {url!r}")
+        return cls(**options)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._leases)} leases"
+        return f"MemoryPubSub({state})"
+
+    # -- leases ------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendClosed("MemoryPubSub is closed")
+
+    def _sweep(self, now: float) -> None:
+        heap = self._deadlines
+        leases = self._leases
+        while heap and heap[0][0] <= now:
+            _, key = heapq.heappop(heap)
+            lease = leases.get(key)
+            if lease is not None and lease.deadline <= now:
+                del leases[key]
+        if len(heap) > 2 * len(leases) + 1024:
+            self._deadlines = [(lease.deadline, key) for key, lease in leases.items()]
+            heapq.heapify(self._deadlines)
+
+    def _live(self, key: str, now: float) -> _Lease | None:
+        lease = self._leases.get(key)
+        if lease is not None and lease.deadline > now:
+            return lease
+        return None
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
+        check_name(key, "key")
+        check_name(owner, "owner")
+        check_ttl(ttl_ms)
+        self._check_open()
+        now = self._clock()
+        self._sweep(now)
+        deadline = now + ttl_ms / 1000
+        lease = self._live(key, now)
+        if lease is not None:
+            if lease.owner != owner:
+                return AcquireResult(False, lease.owner, None)
+            lease.deadline = deadline
+        else:
+            self._last_token += 1
+            lease = self._leases[key] = _Lease(owner, self._last_token, deadline)
+        heapq.heappush(self._deadlines, (deadline, key))
+        return AcquireResult(True, owner, lease.token)
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        check_name(key, "key")
+        self._check_open()
+        lease = self._live(key, self._clock())
+        return None if lease is None else lease.owner
+
+    async def get_lease(self, key: str) -> LeaseRecord | None:
+        check_name(key, "key")
+        self._check_open()
+        now = self._clock()
+        lease = self._live(key, now)
+        if lease is None:
+            return None
+        return LeaseRecord(
+            lease.owner, lease.token, max(1, math.ceil((lease.deadline - now) * 1000))
+        )
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        check_name(key, "key")
+        check_name(owner, "owner")
+        self._check_open()
+        lease = self._live(key, self._clock())
+        if lease is not None and lease.owner == owner:
+            del self._leases[key]
+            if self._waiters:
+                self._waiters.wake_one(key)
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        check_name(key, "key")
+        check_name(owner, "owner")
+        check_ttl(ttl_ms)
+        self._check_open()
+        now = self._clock()
+        lease = self._live(key, now)
+        if lease is None or lease.owner != owner:
+            return False
+        lease.deadline = now + ttl_ms / 1000
+        heapq.heappush(self._deadlines, (lease.deadline, key))
+        return True
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        check_name(key, "key")
+        check_name(from_owner, "from_owner")
+        check_name(to_owner, "to_owner")
+        check_ttl(ttl_ms)
+        self._check_open()
+        now = self._clock()
+        lease = self._live(key, now)
+        if lease is None or lease.owner != from_owner:
+            return False
+        self._last_token += 1
+        deadline = now + ttl_ms / 1000
+        self._leases[key] = _Lease(to_owner, self._last_token, deadline)
+        heapq.heappush(self._deadlines, (deadline, key))
+        if self._waiters:
+            self._waiters.wake_one(key)
+        return True
+
+    # -- extensions ----------------------------------------------------------
+
+    async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
+        """Renew many of ``owner``'s leases at once; one ``bool`` per key, in order."""
+        for key in keys:
+            check_name(key, "key")
+        check_name(owner, "owner")
+        check_ttl(ttl_ms)
+        self._check_open()
+        now = self._clock()
+        deadline = now + ttl_ms / 1000
+        results = []
+        for key in keys:
+            lease = self._live(key, now)
+            held = lease is not None and lease.owner == owner
+            if held:
+                assert lease is not None
+                lease.deadline = deadline
+                heapq.heappush(self._deadlines, (deadline, key))
+            results.append(held)
+        return results
+
+    async def wait_lease_released(self, key: str, timeout: float) -> bool:
+        """Wait until ``key`` is released or transferred, at most ``timeout`` seconds.
+
+        ``True`` at once if the key has no live lease, or when a release or
+        transfer wakes this waiter (one waiter per release); ``False`` on timeout.
+        """
+        check_name(key, "key")
+        check_timeout(timeout)
+        self._check_open()
+        fut = self._waiters.register(key)
+        if self._live(key, self._clock()) is None:
+            self._waiters.discard(key, fut)
+            return True
+        return await self._waiters.wait(key, fut, timeout)
+
+    # -- pub/sub -----------------------------------------------------------
+
+    async def publish(self, topic: str, event: Event) -> Event:
+        check_name(topic, "topic")
+        event = prepare_event(event)
+        self._check_open()
+        for group in self._topics.get(topic, {}).values():
+            group.queue.put_nowait(event)
+        return event
+
+    async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
+        check_name(topic, "topic")
+        check_callback(callback)
+        check_group(group)
+        self._check_open()
+        groups = self._topics.setdefault(topic, {})
+        if any(callback in g.workers for g in groups.values()):
+            raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
+        slot: str | Callback = callback if group is None else group
+        target = groups.get(slot)
+        if target is None:
+            target = groups[slot] = _Group(group)
+        target.workers[callback] = asyncio.get_running_loop().create_task(
+            self._deliver(topic, target, callback), name=f"tenure-memory-{topic}"
+        )
+
+    async def unsubscribe(self, topic: str, callback: Callback) -> None:
+        check_name(topic, "topic")
+        self._check_open()
+        groups = self._topics.get(topic, {})
+        for slot, target in list(groups.items()):
+            task = target.workers.pop(callback, None)
+            if task is None:
+                continue
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if not target.workers:
+                del groups[slot]
+        if not groups:
+            self._topics.pop(topic, None)
+
+    async def flush(self) -> None:
+        self._check_open()
+        for groups in list(self._topics.values()):
+            for target in list(groups.values()):
+                if target.workers:
+                    await target.queue.join()
+
+    async def _deliver(self, topic: str, target: _Group, callback: Callback) -> None:
+        queue = target.queue
+        while True:
+            event = await queue.get()
+            try:
+                await callback(event)
+            except asyncio.CancelledError:
+                # Unsubscribed mid-delivery: hand the event to another member.
+                queue.put_nowait(event)
+                raise
+            except Exception:
+                if event.attempt < self._max_attempts:
+                    logger.warning(
+                        "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
+                        topic,
+                        event.id,
+                        event.attempt,
+                        self._max_attempts,
+                        exc_info=True,
+                    )
+                    queue.put_nowait(replace(event, attempt=event.attempt + 1))
+                else:
+                    logger.error(
+                        "callback for topic %r raised on event %s %d times; dropping it",
+                        topic,
+                        event.id,
+                        event.attempt,
+                        exc_info=True,
+                    )
+            finally:
+                queue.task_done()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [
+            t
+            for groups in self._topics.values()
+            for g in groups.values()
+            for t in g.workers.values()
+        ]
+        self._topics.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._leases.clear()
+        self._deadlines.clear()
+        self._waiters.wake_all()
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        if not self._closed and self._topics:
+            _warn(f"unclosed {self!r} with active subscriptions", ResourceWarning, stacklevel=1)

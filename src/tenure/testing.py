@@ -1,0 +1,544 @@
+"""The contract suite, for any backend: ours or your own.
+
+Subclass :class:`LeaseContract` (and :class:`PubSubContract` if your backend
+delivers events) in a test module and provide the backend through a fixture::
+
+    import pytest_asyncio
+    from tenure.testing import LeaseContract
+
+    class TestMyBackend(LeaseContract):
+        @pytest_asyncio.fixture
+        async def lease_provider(self):
+            backend = MyBackend(...)
+            yield backend
+            await backend.aclose()
+
+The suite needs ``pytest`` and ``pytest-asyncio``. It uses short real-time
+waits unless you override the ``advance`` fixture with a function that moves
+your backend's clock forward (see :class:`ManualClock`). Every test uses keys
+of its own, so a shared server is fine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from ._contract import AcquireResult
+from ._detect import is_lease_provider
+from ._errors import BackendClosed, InvalidArgument
+from ._pubsub import Event
+
+__all__ = ["Advance", "LeaseContract", "ManualClock", "PubSubContract", "eventually"]
+
+Advance = Callable[[int], Awaitable[None]]
+
+
+class ManualClock:
+    """A clock that only moves when told to: pass it as ``clock=`` to a backend."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance_ms(self, ms: float) -> None:
+        self.now += ms / 1000
+
+    async def advance(self, ms: int) -> None:
+        self.advance_ms(ms)
+
+
+async def eventually(
+    check: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01
+) -> None:
+    """Wait until ``check()`` is true; fail the test after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            pytest.fail(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)
+
+
+def _bad_arguments() -> list[tuple[str, str, tuple[Any, ...], str]]:
+    good_key, good_owner = "k", "o"
+    too_long = "x" * 1025
+    too_long_multibyte = "é" * 513  # 1026 bytes in UTF-8, 513 characters
+    cases: list[tuple[str, str, tuple[Any, ...], str]] = []
+    bad: object
+    for bad, why in [
+        (None, "must be a str"),
+        (b"bytes", "must be a str"),
+        (7, "must be a str"),
+        ("", "must not be empty"),
+        (too_long, "at most 1024 bytes"),
+        (too_long_multibyte, "at most 1024 bytes"),
+        ("lone\ud800surrogate", "encodable as UTF-8"),
+    ]:
+        cases += [
+            ("acquire_lease", "key", (bad, good_owner, 1000), why),
+            ("acquire_lease", "owner", (good_key, bad, 1000), why),
+            ("get_lease_owner", "key", (bad,), why),
+            ("release_lease", "key", (bad, good_owner), why),
+            ("release_lease", "owner", (good_key, bad), why),
+            ("renew_lease", "key", (bad, good_owner, 1000), why),
+            ("renew_lease", "owner", (good_key, bad, 1000), why),
+            ("transfer_lease", "key", (bad, good_owner, "p", 1000), why),
+            ("transfer_lease", "from_owner", (good_key, bad, "p", 1000), why),
+            ("transfer_lease", "to_owner", (good_key, good_owner, bad, 1000), why),
+        ]
+    for bad, why in [
+        (0, "between 1 and"),
+        (-5, "between 1 and"),
+        (2**31, "between 1 and"),
+        (True, "must be an int"),
+        (1.5, "must be an int"),
+        ("100", "must be an int"),
+        (None, "must be an int"),
+    ]:
+        cases += [
+            ("acquire_lease", "ttl_ms", (good_key, good_owner, bad), why),
+            ("renew_lease", "ttl_ms", (good_key, good_owner, bad), why),
+            ("transfer_lease", "ttl_ms", (good_key, good_owner, "p", bad), why),
+        ]
+    return cases
+
+
+_BAD = _bad_arguments()
+
+
+class LeaseContract:
+    """The lease contract (CONTRACT sections 2 to 5) as tests.
+
+    Provide ``lease_provider``; override ``advance`` for a controllable clock
+    and ``ttl_ms`` to scale the real-time waits (default 800 ms).
+    """
+
+    ttl_ms = 800
+
+    @pytest.fixture
+    def advance(self) -> Advance:
+        async def sleep(ms: int) -> None:
+            await asyncio.sleep(ms / 1000)
+
+        return sleep
+
+    @pytest.fixture
+    def key(self) -> str:
+        return f"contract-{uuid.uuid4().hex}"
+
+    @pytest.mark.asyncio
+    async def test_is_detected_structurally(self, lease_provider: Any) -> None:
+        assert is_lease_provider(lease_provider)
+        assert callable(getattr(lease_provider, "get_lease", None))
+
+    @pytest.mark.asyncio
+    async def test_free_key_is_granted(self, lease_provider: Any, key: str) -> None:
+        result = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        assert isinstance(result, AcquireResult)
+        assert result.acquired is True
+        assert result.owner == "alice"
+        assert isinstance(result.token, int)
+        assert await lease_provider.get_lease_owner(key) == "alice"
+
+    @pytest.mark.asyncio
+    async def test_other_owner_is_denied_and_told_the_holder(
+        self, lease_provider: Any, key: str
+    ) -> None:
+        await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        result = await lease_provider.acquire_lease(key, "bob", self.ttl_ms)
+        assert result == AcquireResult(acquired=False, owner="alice", token=None)
+        assert await lease_provider.get_lease_owner(key) == "alice"
+
+    @pytest.mark.asyncio
+    async def test_same_owner_reacquire_refreshes_ttl_and_keeps_token(
+        self, lease_provider: Any, key: str, advance: Advance
+    ) -> None:
+        first = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        await advance(self.ttl_ms * 6 // 10)
+        again = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        assert again.acquired and again.owner == "alice"
+        assert again.token == first.token
+        await advance(self.ttl_ms * 6 // 10)  # past the first grant's deadline
+        assert await lease_provider.get_lease_owner(key) == "alice"
+
+    @pytest.mark.asyncio
+    async def test_expired_lease_goes_to_a_new_owner_with_a_higher_token(
+        self, lease_provider: Any, key: str, advance: Advance
+    ) -> None:
+        first = await lease_provider.acquire_lease(key, "alice", 100)
+        await advance(300)
+        assert await lease_provider.get_lease_owner(key) is None
+        second = await lease_provider.acquire_lease(key, "bob", self.ttl_ms)
+        assert second.acquired and second.owner == "bob"
+        assert second.token > first.token
+
+    @pytest.mark.asyncio
+    async def test_release_by_non_owner_does_nothing(self, lease_provider: Any, key: str) -> None:
+        granted = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        assert await lease_provider.release_lease(key, "bob") is None
+        record = await lease_provider.get_lease(key)
+        assert record is not None
+        assert (record.owner, record.token) == ("alice", granted.token)
+
+    @pytest.mark.asyncio
+    async def test_release_by_owner_frees_the_key(self, lease_provider: Any, key: str) -> None:
+        first = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        await lease_provider.release_lease(key, "alice")
+        assert await lease_provider.get_lease_owner(key) is None
+        assert await lease_provider.get_lease(key) is None
+        second = await lease_provider.acquire_lease(key, "bob", self.ttl_ms)
+        assert second.acquired and second.token > first.token
+
+    @pytest.mark.asyncio
+    async def test_release_of_missing_key_does_nothing(self, lease_provider: Any, key: str) -> None:
+        assert await lease_provider.release_lease(key, "alice") is None
+        assert await lease_provider.get_lease_owner(key) is None
+
+    @pytest.mark.asyncio
+    async def test_renew_extends_past_the_original_deadline(
+        self, lease_provider: Any, key: str, advance: Advance
+    ) -> None:
+        granted = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        await advance(self.ttl_ms * 6 // 10)
+        assert await lease_provider.renew_lease(key, "alice", self.ttl_ms) is True
+        await advance(self.ttl_ms * 6 // 10)
+        record = await lease_provider.get_lease(key)
+        assert record is not None
+        assert (record.owner, record.token) == ("alice", granted.token)
+
+    @pytest.mark.asyncio
+    async def test_renew_by_other_owner_fails(self, lease_provider: Any, key: str) -> None:
+        await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        assert await lease_provider.renew_lease(key, "bob", self.ttl_ms) is False
+        assert await lease_provider.get_lease_owner(key) == "alice"
+
+    @pytest.mark.asyncio
+    async def test_renew_after_expiry_fails_and_does_not_resurrect(
+        self, lease_provider: Any, key: str, advance: Advance
+    ) -> None:
+        await lease_provider.acquire_lease(key, "alice", 100)
+        await advance(300)
+        assert await lease_provider.renew_lease(key, "alice", self.ttl_ms) is False
+        assert await lease_provider.get_lease_owner(key) is None
+        assert await lease_provider.get_lease(key) is None
+
+    @pytest.mark.asyncio
+    async def test_renew_of_missing_key_fails(self, lease_provider: Any, key: str) -> None:
+        assert await lease_provider.renew_lease(key, "alice", self.ttl_ms) is False
+        assert await lease_provider.get_lease_owner(key) is None
+
+    @pytest.mark.asyncio
+    async def test_transfer_moves_ownership_resets_ttl_and_raises_token(
+        self, lease_provider: Any, key: str, advance: Advance
+    ) -> None:
+        granted = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        await advance(self.ttl_ms * 6 // 10)
+        assert await lease_provider.transfer_lease(key, "alice", "bob", self.ttl_ms) is True
+        after = await lease_provider.get_lease(key)
+        assert after is not None
+        assert after.owner == "bob"
+        assert after.token > granted.token
+        assert after.ttl_ms > self.ttl_ms * 6 // 10  # a fresh full window, not the remainder
+        await advance(self.ttl_ms * 6 // 10)  # past alice's original deadline
+        assert await lease_provider.get_lease_owner(key) == "bob"
+        assert (await lease_provider.acquire_lease(key, "alice", self.ttl_ms)).owner == "bob"
+
+    @pytest.mark.asyncio
+    async def test_transfer_by_non_owner_fails(self, lease_provider: Any, key: str) -> None:
+        granted = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        assert await lease_provider.transfer_lease(key, "bob", "carol", self.ttl_ms) is False
+        record = await lease_provider.get_lease(key)
+        assert record is not None
+        assert (record.owner, record.token) == ("alice", granted.token)
+
+    @pytest.mark.asyncio
+    async def test_transfer_after_expiry_fails(
+        self, lease_provider: Any, key: str, advance: Advance
+    ) -> None:
+        await lease_provider.acquire_lease(key, "alice", 100)
+        await advance(300)
+        assert await lease_provider.transfer_lease(key, "alice", "bob", self.ttl_ms) is False
+        assert await lease_provider.get_lease_owner(key) is None
+
+    @pytest.mark.asyncio
+    async def test_transfer_of_missing_key_fails(self, lease_provider: Any, key: str) -> None:
+        assert await lease_provider.transfer_lease(key, "alice", "bob", self.ttl_ms) is False
+        assert await lease_provider.get_lease_owner(key) is None
+
+    @pytest.mark.asyncio
+    async def test_transfer_to_self_keeps_ownership(self, lease_provider: Any, key: str) -> None:
+        granted = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        assert await lease_provider.transfer_lease(key, "alice", "alice", self.ttl_ms) is True
+        record = await lease_provider.get_lease(key)
+        assert record is not None
+        assert record.owner == "alice"
+        assert record.token > granted.token
+
+    @pytest.mark.asyncio
+    async def test_missing_key_has_no_owner(self, lease_provider: Any, key: str) -> None:
+        assert await lease_provider.get_lease_owner(key) is None
+        assert await lease_provider.get_lease(key) is None
+
+    @pytest.mark.asyncio
+    async def test_get_lease_reports_owner_token_and_remaining_ttl(
+        self, lease_provider: Any, key: str
+    ) -> None:
+        granted = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        record = await lease_provider.get_lease(key)
+        assert record is not None
+        assert record.owner == "alice"
+        assert record.token == granted.token
+        assert 0 < record.ttl_ms <= self.ttl_ms
+
+    @pytest.mark.asyncio
+    async def test_concurrent_acquirers_produce_exactly_one_winner(
+        self, lease_provider: Any, key: str
+    ) -> None:
+        owners = [f"owner-{i}" for i in range(100)]
+        results = await asyncio.gather(
+            *(lease_provider.acquire_lease(key, o, 30_000) for o in owners)
+        )
+        winners = [o for o, r in zip(owners, results, strict=True) if r.acquired]
+        assert len(winners) == 1
+        assert all(r.owner == winners[0] for r in results)
+        assert await lease_provider.get_lease_owner(key) == winners[0]
+
+    @pytest.mark.asyncio
+    async def test_tokens_strictly_increase_across_every_change_of_owner(
+        self, lease_provider: Any, key: str, advance: Advance
+    ) -> None:
+        tokens: list[int] = []
+
+        async def token() -> int:
+            record = await lease_provider.get_lease(key)
+            assert record is not None
+            return int(record.token)
+
+        tokens.append((await lease_provider.acquire_lease(key, "a", self.ttl_ms)).token)
+        await lease_provider.release_lease(key, "a")
+        tokens.append((await lease_provider.acquire_lease(key, "b", 100)).token)
+        await advance(300)
+        tokens.append((await lease_provider.acquire_lease(key, "c", self.ttl_ms)).token)
+        assert await lease_provider.transfer_lease(key, "c", "d", self.ttl_ms)
+        tokens.append(await token())
+        assert await lease_provider.transfer_lease(key, "d", "a", self.ttl_ms)
+        tokens.append(await token())
+        await lease_provider.release_lease(key, "a")
+        tokens.append((await lease_provider.acquire_lease(key, "a", self.ttl_ms)).token)
+        assert all(isinstance(t, int) for t in tokens)
+        assert tokens == sorted(set(tokens)), tokens
+
+    @pytest.mark.asyncio
+    async def test_renew_and_reacquire_keep_the_token(self, lease_provider: Any, key: str) -> None:
+        granted = await lease_provider.acquire_lease(key, "a", self.ttl_ms)
+        assert await lease_provider.renew_lease(key, "a", self.ttl_ms)
+        again = await lease_provider.acquire_lease(key, "a", self.ttl_ms)
+        record = await lease_provider.get_lease(key)
+        assert record is not None
+        assert granted.token == again.token == record.token
+
+    @pytest.mark.asyncio
+    async def test_keys_are_independent(self, lease_provider: Any, key: str) -> None:
+        assert (await lease_provider.acquire_lease(key + "-1", "a", self.ttl_ms)).acquired
+        assert (await lease_provider.acquire_lease(key + "-2", "b", self.ttl_ms)).acquired
+        await lease_provider.release_lease(key + "-1", "a")
+        assert await lease_provider.get_lease_owner(key + "-2") == "b"
+
+    @pytest.mark.asyncio
+    @pytest.mark.parametrize(
+        ("name", "owner"),
+        [
+            ("thread\0one", "worker\0a"),
+            ("日本語のスレッド", "작업자-1"),
+            ("emoji 🧵 thread", "owner 🦀"),
+            ("\0", "\0"),
+            ("trailing\0", "tab\there"),
+            ("é" * 512, "ü" * 512),  # exactly 1024 bytes each
+            ("x" * 1024, "y" * 1024),
+        ],
+    )
+    async def test_any_unicode_key_and_owner_round_trip(
+        self, lease_provider: Any, key: str, name: str, owner: str
+    ) -> None:
+        prefix = key[-32:]  # unique per test, so a shared server is fine
+        while len((prefix + name).encode()) > 1024:
+            name = name[:-1]
+        full = prefix + name
+        granted = await lease_provider.acquire_lease(full, owner, self.ttl_ms)
+        assert granted.acquired and granted.owner == owner
+        assert await lease_provider.get_lease_owner(full) == owner
+        denied = await lease_provider.acquire_lease(full, "someone else", self.ttl_ms)
+        assert denied.owner == owner
+        record = await lease_provider.get_lease(full)
+        assert record is not None and record.owner == owner
+        assert await lease_provider.renew_lease(full, owner, self.ttl_ms)
+        successor = owner[:-6] + "\0next" if len(owner.encode()) > 1000 else owner + "\0next"
+        assert await lease_provider.transfer_lease(full, owner, successor, self.ttl_ms)
+        assert await lease_provider.get_lease_owner(full) == successor
+        await lease_provider.release_lease(full, successor)
+        assert await lease_provider.get_lease_owner(full) is None
+
+    @pytest.mark.asyncio
+    async def test_keys_differing_after_nul_are_distinct(
+        self, lease_provider: Any, key: str
+    ) -> None:
+        names = [key, key + "\0", key + "\0a", key + "\0b", key + "\0\0"]
+        for i, name in enumerate(names):
+            assert (await lease_provider.acquire_lease(name, f"o{i}", self.ttl_ms)).acquired
+        for i, name in enumerate(names):
+            assert await lease_provider.get_lease_owner(name) == f"o{i}"
+
+    @pytest.mark.asyncio
+    @pytest.mark.parametrize(("method", "arg", "args", "why"), _BAD)
+    async def test_bad_argument_raises_invalid_argument(
+        self, lease_provider: Any, method: str, arg: str, args: tuple[Any, ...], why: str
+    ) -> None:
+        with pytest.raises(InvalidArgument) as info:
+            await getattr(lease_provider, method)(*args)
+        assert isinstance(info.value, ValueError)
+        assert str(info.value).startswith(arg + " "), str(info.value)
+        assert why in str(info.value)
+        assert await lease_provider.get_lease_owner("k") is None
+
+    @pytest.mark.asyncio
+    async def test_arguments_are_checked_before_the_backend_is_touched(
+        self, lease_provider: Any, key: str
+    ) -> None:
+        aclose = getattr(lease_provider, "aclose", None)
+        if not callable(aclose):
+            pytest.skip("this backend has no aclose(): nothing to check it against")
+        await aclose()
+        with pytest.raises(InvalidArgument):
+            await lease_provider.acquire_lease("", "alice", 1000)
+        with pytest.raises(InvalidArgument):
+            await lease_provider.renew_lease(key, "alice", 0)
+        with pytest.raises(BackendClosed):
+            await lease_provider.acquire_lease(key, "alice", 1000)
+        with pytest.raises(BackendClosed):
+            await lease_provider.get_lease_owner(key)
+
+
+class PubSubContract:
+    """The event-delivery contract (CONTRACT section 6) as tests. Provide ``pubsub``."""
+
+    @pytest.fixture
+    def topic(self) -> str:
+        return f"contract-{uuid.uuid4().hex}"
+
+    @pytest.mark.asyncio
+    async def test_publish_sets_id_and_created_at(self, pubsub: Any, topic: str) -> None:
+        published = await pubsub.publish(topic, Event(type="t", data={"n": 1}, run_id="r"))
+        assert isinstance(published.id, str) and published.id
+        assert isinstance(published.created_at, float)
+        assert (published.type, published.data, published.run_id) == ("t", {"n": 1}, "r")
+
+    @pytest.mark.asyncio
+    async def test_fan_out_reaches_every_subscriber(self, pubsub: Any, topic: str) -> None:
+        got_a: list[Event] = []
+        got_b: list[Event] = []
+
+        async def a(event: Event) -> None:
+            got_a.append(event)
+
+        async def b(event: Event) -> None:
+            got_b.append(event)
+
+        await pubsub.subscribe(topic, a)
+        await pubsub.subscribe(topic, b)
+        sent = [await pubsub.publish(topic, Event(type="t", data=i)) for i in range(5)]
+        await pubsub.flush()
+        await eventually(lambda: len(got_a) == 5 and len(got_b) == 5)
+        assert [e.data for e in got_a] == [0, 1, 2, 3, 4]
+        assert [e.id for e in got_b] == [e.id for e in sent]
+        await pubsub.unsubscribe(topic, a)
+        await pubsub.unsubscribe(topic, b)
+
+    @pytest.mark.asyncio
+    async def test_group_members_compete(self, pubsub: Any, topic: str) -> None:
+        got: dict[str, list[int]] = {"a": [], "b": []}
+
+        def member(name: str) -> Callable[[Event], Awaitable[None]]:
+            async def callback(event: Event) -> None:
+                got[name].append(event.data)
+                await asyncio.sleep(0.001)
+
+            return callback
+
+        a, b = member("a"), member("b")
+        await pubsub.subscribe(topic, a, group="workers")
+        await pubsub.subscribe(topic, b, group="workers")
+        for i in range(40):
+            await pubsub.publish(topic, Event(type="t", data=i))
+        await pubsub.flush()
+        await eventually(lambda: len(got["a"]) + len(got["b"]) >= 40)
+        await asyncio.sleep(0.2)
+        assert sorted(got["a"] + got["b"]) == list(range(40))
+        await pubsub.unsubscribe(topic, a)
+        await pubsub.unsubscribe(topic, b)
+
+    @pytest.mark.asyncio
+    async def test_returning_acknowledges(self, pubsub: Any, topic: str) -> None:
+        got: list[Event] = []
+
+        async def callback(event: Event) -> None:
+            got.append(event)
+
+        await pubsub.subscribe(topic, callback, group="g")
+        await pubsub.publish(topic, Event(type="t", data="once"))
+        await pubsub.flush()
+        await eventually(lambda: len(got) == 1)
+        await asyncio.sleep(0.3)
+        await pubsub.flush()
+        assert [(e.data, e.attempt) for e in got] == [("once", 1)]
+        await pubsub.unsubscribe(topic, callback)
+
+    @pytest.mark.asyncio
+    async def test_raising_callback_gets_the_event_again(self, pubsub: Any, topic: str) -> None:
+        attempts: list[int] = []
+
+        async def flaky(event: Event) -> None:
+            attempts.append(event.attempt)
+            if len(attempts) < 3:
+                raise RuntimeError("transient failure (expected by the test)")
+
+        await pubsub.subscribe(topic, flaky)
+        sent = await pubsub.publish(topic, Event(type="t", data="retry me"))
+        await pubsub.flush()
+        await eventually(lambda: len(attempts) >= 3)
+        await asyncio.sleep(0.2)
+        assert attempts == [1, 2, 3]
+        assert sent.id is not None
+        await pubsub.unsubscribe(topic, flaky)
+
+    @pytest.mark.asyncio
+    async def test_unsubscribed_callback_gets_nothing_more(self, pubsub: Any, topic: str) -> None:
+        got: list[Any] = []
+
+        async def callback(event: Event) -> None:
+            got.append(event.data)
+
+        await pubsub.subscribe(topic, callback)
+        await pubsub.publish(topic, Event(type="t", data=1))
+        await pubsub.flush()
+        await eventually(lambda: got == [1])
+        await pubsub.unsubscribe(topic, callback)
+        await pubsub.publish(topic, Event(type="t", data=2))
+        await pubsub.flush()
+        await asyncio.sleep(0.1)
+        assert got == [1]
+
+    @pytest.mark.asyncio
+    async def test_bad_event_is_rejected(self, pubsub: Any, topic: str) -> None:
+        with pytest.raises(InvalidArgument):
+            await pubsub.publish(topic, Event(type="t", data={1, 2}))
+        with pytest.raises(InvalidArgument):
+            await pubsub.publish(topic, {"type": "t"})
+        with pytest.raises(InvalidArgument):
+            await pubsub.publish("", Event(type="t"))
