@@ -11,6 +11,7 @@ from ._errors import (
     LeaseUnavailable,
     TenureError,
 )
+from ._hold import HeldLease, acquire_wait, hold, renew_many
 from ._pubsub import Event, PubSub
 from ._url import default_url, from_url
 from .backends.memory import MemoryPubSub
@@ -21,6 +22,7 @@ __all__ = [
     "BackendUnavailable",
     "ConfigurationError",
     "Event",
+    "HeldLease",
     "InvalidArgument",
     "LeaseLost",
     "LeaseProvider",
@@ -30,10 +32,13 @@ __all__ = [
     "NoopLeaseProvider",
     "PubSub",
     "TenureError",
+    "acquire_wait",
     "default_url",
     "from_url",
+    "hold",
     "is_lease_provider",
     "lease_provider_for",
+    "renew_many",
 ]
 
 __version__ = "0.1.0"

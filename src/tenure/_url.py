@@ -90,12 +90,13 @@ def from_url(url: str | None = None, **options: Any) -> Any:
         url = default_url()
     if not isinstance(url, str):
         raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    known = ", ".join(f"{name}://" for name in sorted(_SCHEMES))
+    if "://" not in url:
+        raise ConfigurationError(f"the URL has no scheme; known schemes: {known}")
+    scheme = url.split("://", 1)[0].lower()
     entry = _SCHEMES.get(scheme)
     if entry is None:
-        known = ", ".join(f"{name}://" for name in sorted(_SCHEMES))
-        shown = f"{scheme}://" if scheme else redact_url(url)
-        raise ConfigurationError(f"unknown URL scheme in {shown!r}; known schemes: {known}")
+        raise ConfigurationError(f"unknown URL scheme {scheme + '://'!r}; known schemes: {known}")
     try:
         module = importlib.import_module(entry.module)
     except ImportError as exc:

@@ -8,7 +8,6 @@ networked backends.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import math
 import time
@@ -20,7 +19,13 @@ from typing import Any
 from .._contract import AcquireResult, LeaseRecord
 from .._errors import BackendClosed, ConfigurationError, InvalidArgument
 from .._pubsub import Callback, Event, PubSub, check_callback, check_group, prepare_event
-from .._validate import check_name, check_timeout, check_ttl
+from .._validate import (
+    check_key_owner,
+    check_key_owner_ttl,
+    check_name,
+    check_timeout,
+    check_ttl,
+)
 from .._waiters import KeyWaiters
 
 __all__ = ["MemoryPubSub"]
@@ -58,7 +63,8 @@ class MemoryPubSub(PubSub):
     default, injectable for tests, in seconds). Fencing tokens come from one
     counter for the whole backend, so they strictly increase for every key, also
     after a lease expired and its bookkeeping was dropped. Expired leases are
-    swept as operations run, so memory stays proportional to the live leases.
+    swept whenever the table has doubled since the last sweep, so memory stays
+    within about twice the live leases.
     A lease is lost only when its owner stops renewing it or the process exits.
 
     Pub/sub: not durable. Events published while a topic has no subscriber are
@@ -76,9 +82,7 @@ class MemoryPubSub(PubSub):
         self._clock = clock
         self._max_attempts = max_attempts
         self._leases: dict[str, _Lease] = {}
-        # (deadline, key) for every lease ever set; stale entries are skipped and
-        # compacted away once they outnumber the live leases.
-        self._deadlines: list[tuple[float, str]] = []
+        self._sweep_at = 1024
         self._last_token = 0
         self._topics: dict[str, dict[str | Callback, _Group]] = {}
         self._waiters = KeyWaiters()
@@ -102,16 +106,13 @@ class MemoryPubSub(PubSub):
             raise BackendClosed("MemoryPubSub is closed")
 
     def _sweep(self, now: float) -> None:
-        heap = self._deadlines
         leases = self._leases
-        while heap and heap[0][0] <= now:
-            _, key = heapq.heappop(heap)
-            lease = leases.get(key)
-            if lease is not None and lease.deadline <= now:
-                del leases[key]
-        if len(heap) > 2 * len(leases) + 1024:
-            self._deadlines = [(lease.deadline, key) for key, lease in leases.items()]
-            heapq.heapify(self._deadlines)
+        for key in [k for k, lease in leases.items() if lease.deadline <= now]:
+            del leases[key]
+        # Amortised O(1) per new lease: the next sweep comes after the table
+        # has grown by its live size again, so memory stays within about twice
+        # the live leases however many keys come and go.
+        self._sweep_at = 2 * len(leases) + 1024
 
     def _live(self, key: str, now: float) -> _Lease | None:
         lease = self._leases.get(key)
@@ -119,24 +120,25 @@ class MemoryPubSub(PubSub):
             return lease
         return None
 
+    def _grant(self, key: str, owner: str, deadline: float, now: float) -> int:
+        if len(self._leases) >= self._sweep_at:
+            self._sweep(now)
+        self._last_token += 1
+        self._leases[key] = _Lease(owner, self._last_token, deadline)
+        return self._last_token
+
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
-        check_name(key, "key")
-        check_name(owner, "owner")
-        check_ttl(ttl_ms)
-        self._check_open()
+        check_key_owner_ttl(key, owner, ttl_ms)
+        if self._closed:
+            raise BackendClosed("MemoryPubSub is closed")
         now = self._clock()
-        self._sweep(now)
-        deadline = now + ttl_ms / 1000
-        lease = self._live(key, now)
-        if lease is not None:
+        lease = self._leases.get(key)
+        if lease is not None and lease.deadline > now:
             if lease.owner != owner:
                 return AcquireResult(False, lease.owner, None)
-            lease.deadline = deadline
-        else:
-            self._last_token += 1
-            lease = self._leases[key] = _Lease(owner, self._last_token, deadline)
-        heapq.heappush(self._deadlines, (deadline, key))
-        return AcquireResult(True, owner, lease.token)
+            lease.deadline = now + ttl_ms / 1000
+            return AcquireResult(True, owner, lease.token)
+        return AcquireResult(True, owner, self._grant(key, owner, now + ttl_ms / 1000, now))
 
     async def get_lease_owner(self, key: str) -> str | None:
         check_name(key, "key")
@@ -156,26 +158,23 @@ class MemoryPubSub(PubSub):
         )
 
     async def release_lease(self, key: str, owner: str) -> None:
-        check_name(key, "key")
-        check_name(owner, "owner")
-        self._check_open()
-        lease = self._live(key, self._clock())
-        if lease is not None and lease.owner == owner:
+        check_key_owner(key, owner)
+        if self._closed:
+            raise BackendClosed("MemoryPubSub is closed")
+        lease = self._leases.get(key)
+        if lease is not None and lease.owner == owner and lease.deadline > self._clock():
             del self._leases[key]
             if self._waiters:
                 self._waiters.wake_one(key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        check_name(key, "key")
-        check_name(owner, "owner")
-        check_ttl(ttl_ms)
+        check_key_owner_ttl(key, owner, ttl_ms)
         self._check_open()
         now = self._clock()
         lease = self._live(key, now)
         if lease is None or lease.owner != owner:
             return False
         lease.deadline = now + ttl_ms / 1000
-        heapq.heappush(self._deadlines, (lease.deadline, key))
         return True
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
@@ -188,10 +187,7 @@ class MemoryPubSub(PubSub):
         lease = self._live(key, now)
         if lease is None or lease.owner != from_owner:
             return False
-        self._last_token += 1
-        deadline = now + ttl_ms / 1000
-        self._leases[key] = _Lease(to_owner, self._last_token, deadline)
-        heapq.heappush(self._deadlines, (deadline, key))
+        self._grant(key, to_owner, now + ttl_ms / 1000, now)
         if self._waiters:
             self._waiters.wake_one(key)
         return True
@@ -214,7 +210,6 @@ class MemoryPubSub(PubSub):
             if held:
                 assert lease is not None
                 lease.deadline = deadline
-                heapq.heappush(self._deadlines, (deadline, key))
             results.append(held)
         return results
 
@@ -328,7 +323,6 @@ class MemoryPubSub(PubSub):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._leases.clear()
-        self._deadlines.clear()
         self._waiters.wake_all()
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:

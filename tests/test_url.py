@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tenure import ConfigurationError, MemoryPubSub, default_url, from_url
+from tenure._url import redact_url
+
+
+@pytest.mark.asyncio
+async def test_memory_url() -> None:
+    backend = from_url("memory://")
+    assert isinstance(backend, MemoryPubSub)
+    async with backend:
+        assert (await backend.acquire_lease("k", "o", 1000)).acquired
+
+
+@pytest.mark.parametrize("url", ["memory://host", "memory:///path", "memory://?x=1"])
+def test_memory_url_takes_nothing_more(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="memory://"):
+        from_url(url)
+
+
+def test_unknown_scheme_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        from_url("mongodb://localhost")
+    message = str(info.value)
+    assert "mongodb://" in message
+    for scheme in ("memory://", "sqlite://", "redis://", "rediss://", "postgresql://"):
+        assert scheme in message
+
+
+def test_url_without_scheme_is_rejected_without_leaking_a_password() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        from_url("user:hunter2@localhost")
+    assert "hunter2" not in str(info.value)
+
+
+def test_non_string_url() -> None:
+    with pytest.raises(ConfigurationError, match="must be a str"):
+        from_url(42)  # type: ignore[arg-type]  # deliberately wrong type
+
+
+def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Make the driver unimportable for this test only, the way a missing package is.
+    for name in [m for m in sys.modules if m == "redis" or m.startswith("redis.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, "tenure.backends.redis", raising=False)
+    monkeypatch.setitem(sys.modules, "redis", None)
+    with pytest.raises(ConfigurationError) as info:
+        from_url("redis://localhost:6379")
+    assert "pip install 'tenure[redis]'" in str(info.value)
+
+
+def test_missing_postgres_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "psycopg" or m.startswith("psycopg.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, "tenure.backends.postgres", raising=False)
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(ConfigurationError) as info:
+        from_url("postgresql://localhost/db")
+    assert "pip install 'tenure[postgres]'" in str(info.value)
+
+
+def test_default_url_honours_tenure_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TENURE_URL", "memory://")
+    assert default_url() == "memory://"
+    assert isinstance(from_url(), MemoryPubSub)
+
+
+def test_default_url_is_a_sqlite_file_in_the_data_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("TENURE_URL", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert default_url() == f"sqlite:///{tmp_path}/tenure/tenure.db"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:s3cret@host:6379/0", "redis://:***@host:6379/0"),
+        ("redis://user:s3cret@host/0", "redis://user:***@host/0"),
+        (
+            "postgresql://u:p%40ss@db.example:5432/x?sslmode=require",
+            "postgresql://u:***@db.example:5432/x?sslmode=require",
+        ),
+        ("redis://host:6379", "redis://host:6379"),
+        ("postgresql://u:pw@[::1]:5432/x", "postgresql://u:***@[::1]:5432/x"),
+    ],
+)
+def test_redact_url(url: str, shown: str) -> None:
+    assert redact_url(url) == shown

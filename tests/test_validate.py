@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import enum
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tenure import InvalidArgument
+from tenure._validate import MAX_TTL_MS, check_name, check_timeout, check_ttl
+
+
+@given(st.text(min_size=1).filter(lambda s: len(s.encode("utf-8", "surrogatepass")) <= 1024))
+def test_any_encodable_text_up_to_1024_bytes_is_a_valid_name(name: str) -> None:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        with pytest.raises(InvalidArgument, match="lone surrogate"):
+            check_name(name, "key")
+    else:
+        assert check_name(name, "key") is name
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (None, "key must be a str, got NoneType"),
+        (b"k", "key must be a str, got bytes"),
+        (1, "key must be a str, got int"),
+        ("", "key must not be empty"),
+        ("a" * 1025, "key must be at most 1024 bytes in UTF-8, got 1025"),
+        ("€" * 342, "key must be at most 1024 bytes in UTF-8, got 1026"),
+        ("\udcff", "key must be encodable as UTF-8 (it contains a lone surrogate)"),
+    ],
+)
+def test_bad_names_have_exact_messages(value: object, message: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        check_name(value, "key")
+    assert str(info.value) == message
+
+
+def test_nul_and_boundaries_are_valid() -> None:
+    assert check_name("\0", "owner") == "\0"
+    assert check_name("a" * 1024, "owner") == "a" * 1024
+    assert check_name("€" * 341 + "a", "owner")  # 1024 bytes
+
+
+class Millis(enum.IntEnum):
+    SECOND = 1000
+
+
+@pytest.mark.parametrize("value", [1, 1000, MAX_TTL_MS, Millis.SECOND])
+def test_good_ttls(value: int) -> None:
+    assert check_ttl(value) == value
+    assert type(check_ttl(value)) is int
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "ttl_ms must be between 1 and 2147483647 milliseconds, got 0"),
+        (-1, "ttl_ms must be between 1 and 2147483647 milliseconds, got -1"),
+        (2**31, "ttl_ms must be between 1 and 2147483647 milliseconds, got 2147483648"),
+        (True, "ttl_ms must be an int (milliseconds), got bool"),
+        (1.0, "ttl_ms must be an int (milliseconds), got float"),
+        ("5", "ttl_ms must be an int (milliseconds), got str"),
+    ],
+)
+def test_bad_ttls_have_exact_messages(value: object, message: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        check_ttl(value)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("value", [-0.1, float("nan"), float("inf"), True, "1", None])
+def test_bad_timeouts(value: object) -> None:
+    with pytest.raises(InvalidArgument, match="timeout"):
+        check_timeout(value)
+
+
+def test_good_timeouts() -> None:
+    assert check_timeout(0) == 0.0
+    assert check_timeout(2.5) == 2.5
