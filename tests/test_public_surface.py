@@ -10,6 +10,7 @@ EXPECTED = [
     "BackendUnavailable",
     "ConfigurationError",
     "Event",
+    "HeldLease",
     "InvalidArgument",
     "LeaseLost",
     "LeaseProvider",
@@ -18,11 +19,19 @@ EXPECTED = [
     "MemoryPubSub",
     "NoopLeaseProvider",
     "PubSub",
+    "RuntimeEvent",
+    "SendResult",
+    "Signal",
     "TenureError",
+    "ThreadRun",
+    "ThreadRuntime",
+    "acquire_wait",
     "default_url",
     "from_url",
+    "hold",
     "is_lease_provider",
     "lease_provider_for",
+    "renew_many",
 ]
 
 

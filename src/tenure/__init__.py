@@ -15,6 +15,7 @@ from ._hold import HeldLease, acquire_wait, hold, renew_many
 from ._pubsub import Event, PubSub
 from ._url import default_url, from_url
 from .backends.memory import MemoryPubSub
+from .runtime import RuntimeEvent, SendResult, Signal, ThreadRun, ThreadRuntime
 
 __all__ = [
     "AcquireResult",
@@ -31,7 +32,12 @@ __all__ = [
     "MemoryPubSub",
     "NoopLeaseProvider",
     "PubSub",
+    "RuntimeEvent",
+    "SendResult",
+    "Signal",
     "TenureError",
+    "ThreadRun",
+    "ThreadRuntime",
     "acquire_wait",
     "default_url",
     "from_url",

@@ -96,7 +96,10 @@ async def _acquire_wait(
             nap = backoff
             backoff = min(backoff * 2, _MAX_BACKOFF)
         nap = min(nap, left)
-        if wait_released is not None:
+        # Refused with no live lease to be seen (a Redis quarantine after a restart):
+        # waiting for a release would return at once, so just sleep.
+        live = record is not None or (get_lease is None and holder is not None)
+        if wait_released is not None and live:
             # Returns early when the holder releases or transfers; only one local
             # waiter is woken per release, so the others keep sleeping.
             await wait_released(key, nap)
@@ -435,7 +438,9 @@ class HeldLease:
         """True while the lease is held: not lost, released or transferred, and renewed in time.
 
         Checks the renew deadline against the clock itself, so it is accurate
-        even when the event loop was stalled and the renewal task has not run.
+        even when the event loop was stalled and the renewal task has not run;
+        finding it passed marks the lease lost (``lost`` is set and ``on_lost``
+        called) without cancelling the caller.
         """
         s = self._s
         return not s.closed and s.check_deadline()
@@ -607,7 +612,7 @@ class _Hold:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         lease = self._lease
         assert lease is not None
         s = lease._s
@@ -635,7 +640,6 @@ class _Hold:
             and (exc_type is None or exc_type is asyncio.CancelledError)
         ):
             raise LeaseLost(s.key, s.owner, s.reason or "lost") from exc
-        return False
 
     @staticmethod
     async def _release(lease: HeldLease) -> None:

@@ -1,0 +1,228 @@
+"""PostgreSQL lease throughput against raw statements, measured in the same run.
+
+Not a test: prints rates and ratios. Two workloads, each run with tenure's
+``PostgresLeaseProvider`` and with raw psycopg statements that do the same
+writes (an upsert of the lease row, then an update freeing it) through the
+same driver and the same kind of pool:
+
+1. sequential acquire + release cycles, one task;
+2. four OS processes contending on the same 100 keys (acquire, release if won).
+
+The machine running this is usually shared and its commit latency drifts, so
+the two kinds take turns (blocks of cycles, or wall-clock slices shared by
+all processes) instead of running one after the other. Each kind has its own
+table and keys, so they never contend with each other.
+
+Usage: ``.venv/bin/python benchmarks/postgres.py [--url URL] [--cycles N] [--seconds S]``
+(default URL: ``$TENURE_TEST_POSTGRES_URL`` or the local server). Works in a
+schema of its own, dropped at the end. Goal: tenure >= 0.8 of the raw rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import random
+import sys
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from tenure.backends.postgres import PostgresLeaseProvider
+
+DEFAULT_URL = os.environ.get(
+    "TENURE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+TTL_MS = 30_000
+
+RAW_TABLE = """
+CREATE TABLE IF NOT EXISTS {table} (
+    key bytea PRIMARY KEY, owner bytea, token bigint NOT NULL, deadline timestamptz NOT NULL
+)"""
+RAW_ACQUIRE = """
+INSERT INTO {table} AS t (key, owner, token, deadline)
+VALUES (%(key)s, %(owner)s, 1, clock_timestamp() + %(ttl_ms)s * interval '1 millisecond')
+ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = t.token + 1,
+    deadline = excluded.deadline
+WHERE t.owner IS NULL OR t.deadline <= clock_timestamp() OR t.owner = excluded.owner
+RETURNING t.token
+"""
+RAW_RELEASE = "UPDATE {table} SET owner = NULL WHERE key = %(key)s AND owner = %(owner)s"
+
+
+class Raw:
+    """The baseline: the same writes as plain statements, no checks, no translation."""
+
+    def __init__(self, url: str, schema: str) -> None:
+        self.pool = AsyncConnectionPool(
+            url, min_size=1, max_size=10, open=False, kwargs={"autocommit": True}
+        )
+        table = sql.Identifier(schema, "raw_leases")
+        self.acquire_q = sql.SQL(RAW_ACQUIRE).format(table=table).as_string(None)
+        self.release_q = sql.SQL(RAW_RELEASE).format(table=table).as_string(None)
+        self.table_q = sql.SQL(RAW_TABLE).format(table=table)
+
+    async def open(self) -> None:
+        await self.pool.open()
+        async with self.pool.connection() as conn:
+            await conn.execute(self.table_q)
+
+    async def acquire(self, key: str, owner: str) -> bool:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                self.acquire_q, {"key": key.encode(), "owner": owner.encode(), "ttl_ms": TTL_MS}
+            )
+            return await cur.fetchone() is not None
+
+    async def release(self, key: str, owner: str) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(self.release_q, {"key": key.encode(), "owner": owner.encode()})
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+class Tenure:
+    def __init__(self, url: str, schema: str) -> None:
+        self.provider = PostgresLeaseProvider.from_url(url, schema=schema)
+
+    async def open(self) -> None:
+        await self.provider.get_lease_owner("warm-up")
+
+    async def acquire(self, key: str, owner: str) -> bool:
+        return (await self.provider.acquire_lease(key, owner, TTL_MS)).acquired
+
+    async def release(self, key: str, owner: str) -> None:
+        await self.provider.release_lease(key, owner)
+
+    async def close(self) -> None:
+        await self.provider.aclose()
+
+
+def make(kind: str, url: str, schema: str) -> Raw | Tenure:
+    return Raw(url, schema) if kind == "raw" else Tenure(url, schema)
+
+
+BLOCK = 25  # cycles per block in the sequential run
+SLICE = 0.25  # seconds per time slice in the contention run
+
+
+async def sequential(url: str, schema: str, cycles: int) -> dict[str, float]:
+    """Cycles per second of each kind, run in alternating blocks in one process.
+
+    Commit latency on a shared machine drifts by 2x within seconds, so raw and
+    tenure take turns every few cycles and see the same conditions.
+    """
+    clients = {kind: make(kind, url, schema) for kind in ("raw", "tenure")}
+    spent = dict.fromkeys(clients, 0.0)
+    done = dict.fromkeys(clients, 0)
+    for client in clients.values():
+        await client.open()
+    try:
+        for kind, client in clients.items():  # warm-up: connections, prepared statements
+            for i in range(20):
+                await client.acquire(f"{kind}-seq-{i}", "w")
+                await client.release(f"{kind}-seq-{i}", "w")
+        for block in range(cycles // BLOCK):
+            order = ("raw", "tenure") if block % 2 == 0 else ("tenure", "raw")
+            for kind in order:
+                client = clients[kind]
+                start = time.perf_counter()
+                for i in range(BLOCK):
+                    key = f"{kind}-seq-{i}"
+                    assert await client.acquire(key, "owner")
+                    await client.release(key, "owner")
+                spent[kind] += time.perf_counter() - start
+                done[kind] += BLOCK
+        return {kind: done[kind] / spent[kind] for kind in clients}
+    finally:
+        for client in clients.values():
+            await client.close()
+
+
+def contender(url: str, schema: str, seconds: float, seed: int, start_at: float) -> Any:
+    """One process: both kinds open; which one runs follows wall-clock slices shared by all."""
+
+    async def main() -> dict[str, tuple[int, int]]:
+        clients = {kind: make(kind, url, schema) for kind in ("raw", "tenure")}
+        for client in clients.values():
+            await client.open()
+        rng = random.Random(seed)
+        counts = {kind: [0, 0] for kind in clients}
+        try:
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            while (now := time.time()) < start_at + seconds:
+                kind = "raw" if int((now - start_at) / SLICE) % 2 == 0 else "tenure"
+                client, owner = clients[kind], f"{kind}-{seed}"
+                key = f"{kind}-hot-{rng.randrange(100)}"
+                if await client.acquire(key, owner):
+                    counts[kind][1] += 1
+                    await client.release(key, owner)
+                    counts[kind][0] += 1
+                counts[kind][0] += 1
+        finally:
+            for client in clients.values():
+                await client.close()
+        return {kind: (c[0], c[1]) for kind, c in counts.items()}
+
+    return asyncio.run(main())
+
+
+def contention(url: str, schema: str, seconds: float, processes: int = 4) -> dict[str, float]:
+    """Operations per second of each kind, all processes switching kind every SLICE seconds."""
+    ctx = multiprocessing.get_context("spawn")
+    start_at = time.time() + 3.0  # let every process import and connect first
+    with ctx.Pool(processes) as pool:
+        results = pool.starmap(
+            contender, [(url, schema, seconds, i, start_at) for i in range(processes)]
+        )
+    rates = {}
+    for kind in ("raw", "tenure"):
+        ops = sum(r[kind][0] for r in results)
+        grants = sum(r[kind][1] for r in results)
+        rates[kind] = ops / (seconds / 2)  # each kind ran during half of the slices
+        print(f"  {kind:6s}: {rates[kind]:8.0f} ops/s ({ops} operations, {grants} grants)")
+    return rates
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=DEFAULT_URL)
+    parser.add_argument("--cycles", type=int, default=2000)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    schema = f"tenure_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(args.url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    try:
+        print(
+            f"sequential acquire+release cycles: {args.cycles} of each kind, alternating "
+            f"in blocks of {BLOCK}",
+            flush=True,
+        )
+        seq = asyncio.run(sequential(args.url, schema, args.cycles))
+        for kind in ("raw", "tenure"):
+            print(f"  {kind:6s}: {seq[kind]:8.0f} cycles/s")
+        print(f"  ratio tenure/raw: {seq['tenure'] / seq['raw']:.3f}", flush=True)
+
+        print(
+            f"4 processes contending on 100 keys for {args.seconds:.0f} s, raw and tenure "
+            f"alternating every {SLICE} s",
+            flush=True,
+        )
+        con = contention(args.url, schema, args.seconds)
+        print(f"  ratio tenure/raw: {con['tenure'] / con['raw']:.3f}")
+    finally:
+        with psycopg.connect(args.url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

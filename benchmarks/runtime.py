@@ -1,0 +1,233 @@
+"""Thread runtime benchmark: signal latency and throughput against raw pub/sub, in the same run.
+
+Usage: ``python benchmarks/runtime.py [--backend sqlite|redis|all] [--count N] [--burst M]``
+
+For each backend, two processes share it: this one sends, a child receives.
+
+1. Latency. The child owns a thread (it woke it with a signal of its own and
+   keeps its run open). This process sends ``--count`` signals one at a time,
+   ``--gap`` seconds apart, with ``ThreadRuntime.send_signal``; the child's
+   handler stamps each as it receives it. Baseline, in the same run and the
+   same two processes: ``publish`` of an event to a topic the child is
+   subscribed to with a consumer group (the delivery path the runtime uses),
+   stamped in the child's callback. Latency = receive stamp - stamp taken just
+   before the call (``time.monotonic()``, one clock for the host).
+2. Throughput through one thread: ``--burst`` signals sent back to back, from
+   the first send to the last receipt; baseline: the same number of events
+   published back to back to a group subscriber.
+
+Goal: runtime latency at most 1.5 x the raw publish-to-subscriber latency.
+Redis uses the shared server at ``TENURE_BENCH_REDIS_URL`` (default
+``redis://127.0.0.1:6379/0``) under a prefix of its own, deleted at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this directory comes first on sys.path, and benchmarks/redis.py
+# would shadow the redis package.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from typing import Any  # noqa: E402
+
+import tenure  # noqa: E402
+from tenure import Event, ThreadRun, ThreadRuntime  # noqa: E402
+
+REDIS_URL = os.environ.get("TENURE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+THREAD = "bench-thread"
+TOPIC = "bench-raw"
+
+
+def say(**doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+# -- the receiving child ---------------------------------------------------------
+
+
+async def child(url: str) -> None:
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            now = time.monotonic()
+            if signal.payload != "warm-up":
+                say(kind="runtime", i=signal.payload["i"], recv=now)
+
+    async def on_raw(event: Event) -> None:
+        say(kind="raw", i=event.data["i"], recv=time.monotonic())
+
+    async with tenure.from_url(url) as backend:
+        await backend.subscribe(TOPIC, on_raw, group="bench")
+        # A long idle timeout keeps this process's run open for the whole benchmark.
+        async with ThreadRuntime(backend, handler, idle_timeout=600, process_id="child") as rt:
+            woke = await rt.send_signal(THREAD, "warm-up")
+            assert woke.outcome == "wake", woke
+            say(kind="ready")
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        await backend.unsubscribe(TOPIC, on_raw)
+
+
+# -- the sending parent ------------------------------------------------------------
+
+
+class Child:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.recv: dict[tuple[str, int], float] = {}
+        self.ready = asyncio.Event()
+        self.arrived = asyncio.Event()
+        self.reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            doc = json.loads(line)
+            if doc["kind"] == "ready":
+                self.ready.set()
+            else:
+                self.recv[(doc["kind"], doc["i"])] = doc["recv"]
+                self.arrived.set()
+
+    async def wait_for(self, kind: str, i: int, timeout: float = 30.0) -> float:
+        async with asyncio.timeout(timeout):
+            while (kind, i) not in self.recv:
+                self.arrived.clear()
+                await self.arrived.wait()
+        return self.recv[(kind, i)]
+
+    async def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"\n")
+        await self.proc.stdin.drain()
+        await asyncio.wait_for(self.proc.wait(), 30)
+        await self.reader
+
+
+def summary(ms: list[float]) -> str:
+    ms = sorted(ms)
+
+    def p(q: float) -> float:
+        return ms[min(len(ms) - 1, int(q * len(ms)))]
+
+    return (
+        f"median {statistics.median(ms):7.3f} ms  p90 {p(0.9):7.3f} ms  "
+        f"p99 {p(0.99):7.3f} ms  (n={len(ms)})"
+    )
+
+
+async def bench(name: str, url: str, count: int, burst: int, gap: float) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--child",
+        url,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    kid = Child(proc)
+    try:
+        await asyncio.wait_for(kid.ready.wait(), 30)
+        async with (
+            tenure.from_url(url) as backend,
+            ThreadRuntime(backend, _never_runs, idle_timeout=600, process_id="parent") as rt,
+        ):
+            # Warm both paths (connections, scripts, prepared statements).
+            for i in range(-20, 0):
+                await backend.publish(TOPIC, Event("bench", {"i": i}))
+                result = await rt.send_signal(THREAD, {"i": i})
+                assert result.outcome == "deliver", result
+                await kid.wait_for("raw", i)
+                await kid.wait_for("runtime", i)
+
+            # 1. latency, the two paths interleaved so both see the same load.
+            raw: list[float] = []
+            runtime: list[float] = []
+            for i in range(count):
+                start = time.monotonic()
+                await backend.publish(TOPIC, Event("bench", {"i": i}))
+                raw.append((await kid.wait_for("raw", i) - start) * 1000)
+                await asyncio.sleep(gap)
+                start = time.monotonic()
+                await rt.send_signal(THREAD, {"i": i})
+                runtime.append((await kid.wait_for("runtime", i) - start) * 1000)
+                await asyncio.sleep(gap)
+
+            # 2. throughput through one thread.
+            base = 1_000_000
+            start = time.monotonic()
+            for i in range(base, base + burst):
+                await backend.publish(TOPIC, Event("bench", {"i": i}))
+            raw_rate = burst / (await kid.wait_for("raw", base + burst - 1, 120) - start)
+            base = 2_000_000
+            start = time.monotonic()
+            for i in range(base, base + burst):
+                await rt.send_signal(THREAD, {"i": i})
+            rt_rate = burst / (await kid.wait_for("runtime", base + burst - 1, 120) - start)
+    finally:
+        await kid.stop()
+
+    ratio = statistics.median(runtime) / statistics.median(raw)
+    print(f"[{name}] latency, send in one process -> handler in the owning process")
+    print(f"  raw publish -> group subscriber : {summary(raw)}")
+    print(f"  runtime send_signal -> handler  : {summary(runtime)}")
+    verdict = "meets" if ratio <= 1.5 else "MISSES"
+    print(f"  ratio of medians runtime/raw    : {ratio:.2f}  ({verdict} the 1.5x goal)")
+    print(f"[{name}] throughput through one thread ({burst} back to back)")
+    print(f"  raw publish -> group subscriber : {raw_rate:9.0f} events/s")
+    print(
+        f"  runtime send_signal -> handler  : {rt_rate:9.0f} signals/s  ({rt_rate / raw_rate:.2f}x raw)"
+    )
+
+
+async def _never_runs(run: ThreadRun) -> None:
+    raise AssertionError(f"the parent must never run the thread, got {run!r}")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["sqlite", "redis", "all"], default="all")
+    parser.add_argument("--count", type=int, default=300, help="latency samples per path")
+    parser.add_argument("--burst", type=int, default=2000, help="signals in the throughput run")
+    parser.add_argument("--gap", type=float, default=0.002, help="seconds between samples")
+    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        await child(args.child)
+        return
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, count={args.count}, burst={args.burst}"
+    )
+    if args.backend in ("sqlite", "all"):
+        with tempfile.TemporaryDirectory() as tmp:
+            await bench("sqlite", f"sqlite:///{tmp}/bench.db", args.count, args.burst, args.gap)
+    if args.backend in ("redis", "all"):
+        prefix = f"tenure-bench-{uuid.uuid4().hex[:8]}:"
+        sep = "&" if "?" in REDIS_URL else "?"
+        try:
+            await bench(
+                "redis", f"{REDIS_URL}{sep}prefix={prefix}", args.count, args.burst, args.gap
+            )
+        finally:
+            # Imported by name: benchmarks/redis.py shadows the package for mypy.
+            redis_sync: Any = importlib.import_module("redis")
+            client = redis_sync.Redis.from_url(REDIS_URL)
+            keys = list(client.scan_iter(match=prefix + "*", count=1000))
+            if keys:
+                client.delete(*keys)
+            client.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

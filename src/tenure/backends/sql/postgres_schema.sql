@@ -1,0 +1,25 @@
+-- First-use set-up, run in one transaction holding a transaction-scoped
+-- advisory lock, and only when the table or the clock function is missing
+-- (the function is created only when it is missing, so a replaced clock
+-- survives).
+-- {schema} and {table} are identifiers composed by psycopg.sql, never pasted.
+-- Statements are separated by lines holding only "--;".
+CREATE SCHEMA IF NOT EXISTS {schema}
+--;
+-- key and owner are UTF-8 bytes: bytea holds NUL (text cannot) and compares
+-- byte-wise whatever the database collation. A free key keeps its row with
+-- owner NULL, so its token keeps increasing across release and expiry.
+CREATE TABLE IF NOT EXISTS {table} (
+    key      bytea       PRIMARY KEY,
+    owner    bytea,
+    token    bigint      NOT NULL,
+    deadline timestamptz NOT NULL
+)
+--;
+-- The one clock every statement reads. clock_timestamp() is the real time of
+-- the call; now() would be the start of the transaction. Tests replace this
+-- function (CREATE OR REPLACE) in a schema of their own to control time.
+-- Keep it the last statement of this file.
+CREATE FUNCTION {now}() RETURNS timestamptz
+    LANGUAGE sql VOLATILE PARALLEL SAFE
+    AS 'SELECT pg_catalog.clock_timestamp()'

@@ -1,0 +1,17 @@
+"""The thread runtime: one run per conversation thread across processes.
+
+See :mod:`tenure.runtime._runtime` for the design and its guarantees.
+"""
+
+from ._runtime import ThreadRun, ThreadRuntime
+from ._types import EventKind, Outcome, RuntimeEvent, SendResult, Signal
+
+__all__ = [
+    "EventKind",
+    "Outcome",
+    "RuntimeEvent",
+    "SendResult",
+    "Signal",
+    "ThreadRun",
+    "ThreadRuntime",
+]

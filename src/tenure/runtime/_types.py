@@ -1,0 +1,71 @@
+"""The runtime's value types: what handlers read, what senders get back, what observers see."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["EventKind", "OnEvent", "Outcome", "RuntimeEvent", "SendResult", "Signal"]
+
+Outcome = Literal["wake", "deliver"]
+
+EventKind = Literal[
+    "wake", "deliver", "signal", "handover", "release", "takeover", "lost", "run_end"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """One signal addressed to a thread, as a handler reads it.
+
+    ``id`` is unique per ``send_signal`` call and stays the same when the signal
+    is delivered again after a crash or a lost lease, so a handler can
+    de-duplicate (delivery is at-least-once). ``sent_at`` is the sender's wall
+    clock (seconds since the epoch); ``attempt`` is 1 on first delivery.
+    """
+
+    id: str
+    thread_key: str
+    payload: Any
+    sent_at: float
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """What ``send_signal`` did.
+
+    ``outcome`` is ``"wake"`` when this process won the thread's lease and
+    started the run that will read the signal (``run_id``), ``"deliver"`` when a
+    run was already active (here or in another process): the signal was left
+    in the thread's log for that run, whose id (as read from the lease owner)
+    is ``run_id``. The signal is durable (on a durable backend) either way.
+    """
+
+    outcome: Outcome
+    run_id: str | None
+    signal_id: str
+    thread_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeEvent:
+    """An observable step of the runtime, passed to ``on_event``.
+
+    ``at`` is ``time.monotonic()`` in the process that emitted the event.
+    ``detail`` carries a short human-readable note (the reason of a loss, the
+    previous owner on a takeover, ...).
+    """
+
+    kind: EventKind
+    thread_key: str
+    process_id: str
+    at: float
+    run_id: str | None = None
+    token: int | None = None
+    signal_id: str | None = None
+    detail: str | None = None
+
+
+OnEvent = Callable[[RuntimeEvent], Any]

@@ -1,0 +1,45 @@
+"""The contract suite against Redis (the shared server, a key prefix per test).
+
+The quarantine after state loss is turned off here: the shared server may have
+been started moments before the suite, and a fresh server is quarantined by
+design. The quarantine itself is tested on private servers in ``tests/redis``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+
+from tenure import from_url
+from tenure.backends.redis import RedisStreamsPubSub
+from tenure.testing import LeaseContract, PubSubContract
+
+from ..redis.helpers import delete_prefix
+
+
+@pytest_asyncio.fixture
+async def redis_backend(redis_url: str, unique: str) -> AsyncIterator[RedisStreamsPubSub]:
+    prefix = f"tenure-test-{unique}:"
+    backend = from_url(redis_url, prefix=prefix, quarantine=False)
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+        await delete_prefix(redis_url, prefix)
+
+
+class TestRedisLeases(LeaseContract):
+    ttl_ms = 800
+
+    @pytest_asyncio.fixture
+    async def lease_provider(
+        self, redis_backend: RedisStreamsPubSub
+    ) -> AsyncIterator[RedisStreamsPubSub]:
+        yield redis_backend
+
+
+class TestRedisPubSub(PubSubContract):
+    @pytest_asyncio.fixture
+    async def pubsub(self, redis_backend: RedisStreamsPubSub) -> AsyncIterator[RedisStreamsPubSub]:
+        yield redis_backend

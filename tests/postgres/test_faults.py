@@ -1,0 +1,246 @@
+"""Connections that die, servers that crash, wrong passwords.
+
+``pg_terminate_backend`` only ever targets this test's own connections on the
+shared server (found by a unique ``application_name``); tests that kill a
+whole server start their own (``tests/support/pg_server.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import pytest_asyncio
+
+from tenure import BackendUnavailable
+from tenure.backends.postgres import PostgresLeaseProvider
+from tests.postgres.helpers import drop_schema, new_schema
+from tests.support.pg_server import PgServer, free_port
+
+Admin = psycopg.AsyncConnection[tuple[Any, ...]]
+
+
+@pytest.fixture
+def schema(postgres_url: str) -> Iterator[str]:
+    name = new_schema()
+    yield name
+    drop_schema(postgres_url, name)
+
+
+@pytest_asyncio.fixture
+async def admin(postgres_url: str) -> AsyncIterator[Admin]:
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        yield conn
+
+
+async def _pids(admin: Admin, app: str) -> list[int]:
+    cur = await admin.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (app,)
+    )
+    return [int(pid) for (pid,) in await cur.fetchall()]
+
+
+async def _terminate_all(admin: Admin, app: str) -> int:
+    pids = await _pids(admin, app)
+    for pid in pids:
+        await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    # Wait until the backends are really gone, so the pool sees closed sockets.
+    for _ in range(500):
+        if not set(pids) & set(await _pids(admin, app)):
+            return len(pids)
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"backends {pids} did not exit")
+
+
+async def _wait_blocked(admin: Admin, app: str) -> int:
+    """The pid of ``app``'s backend once it waits for a row lock."""
+    for _ in range(1000):
+        cur = await admin.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE application_name = %s AND wait_event_type = 'Lock'",
+            (app,),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            return int(row[0])
+        await asyncio.sleep(0.01)
+    raise AssertionError("the statement never waited for the lock")
+
+
+@pytest.mark.asyncio
+async def test_terminated_pooled_connections_are_replaced(
+    postgres_url: str, schema: str, unique: str, admin: Admin
+) -> None:
+    app = f"tenure-test-{unique}"
+    url = f"{postgres_url}?application_name={app}&pool_min_size=2"
+    async with PostgresLeaseProvider.from_url(url, schema=schema) as provider:
+        granted = await provider.acquire_lease("k", "alice", 30_000)
+        assert await _terminate_all(admin, app) >= 1
+        # transfer is never retried: it succeeds only because the pool
+        # noticed the dead connection before using it.
+        assert await provider.transfer_lease("k", "alice", "bob", 30_000)
+        assert await _terminate_all(admin, app) >= 1
+        record = await provider.get_lease("k")
+        assert record is not None and record.owner == "bob"
+        assert granted.token is not None and record.token > granted.token
+
+
+@pytest.mark.asyncio
+async def test_acquire_whose_connection_is_terminated_mid_statement_is_retried(
+    postgres_url: str, schema: str, unique: str, admin: Admin
+) -> None:
+    app = f"tenure-test-{unique}"
+    async with PostgresLeaseProvider.from_url(
+        f"{postgres_url}?application_name={app}", schema=schema
+    ) as provider:
+        await provider.acquire_lease("k", "alice", 30_000)
+        await provider.release_lease("k", "alice")
+        async with await psycopg.AsyncConnection.connect(postgres_url) as locker:
+            await locker.execute(
+                psycopg.sql.SQL("SELECT 1 FROM {} WHERE key = %s FOR UPDATE").format(
+                    psycopg.sql.Identifier(schema, "leases")
+                ),
+                (b"k",),
+            )
+            task = asyncio.create_task(provider.acquire_lease("k", "bob", 30_000))
+            pid = await _wait_blocked(admin, app)
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            # The retry waits for the same lock on a fresh connection.
+            await _wait_blocked(admin, app)
+            await locker.commit()
+        result = await asyncio.wait_for(task, 30)
+        assert result.acquired and result.owner == "bob"
+        assert await provider.get_lease_owner("k") == "bob"
+
+
+@pytest.mark.asyncio
+async def test_transfer_whose_connection_is_terminated_raises_unavailable(
+    postgres_url: str, schema: str, unique: str, admin: Admin
+) -> None:
+    app = f"tenure-test-{unique}"
+    async with PostgresLeaseProvider.from_url(
+        f"{postgres_url}?application_name={app}", schema=schema
+    ) as provider:
+        await provider.acquire_lease("k", "alice", 30_000)
+        async with await psycopg.AsyncConnection.connect(postgres_url) as locker:
+            await locker.execute(
+                psycopg.sql.SQL("SELECT 1 FROM {} WHERE key = %s FOR UPDATE").format(
+                    psycopg.sql.Identifier(schema, "leases")
+                ),
+                (b"k",),
+            )
+            task = asyncio.create_task(provider.transfer_lease("k", "alice", "bob", 30_000))
+            pid = await _wait_blocked(admin, app)
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            with pytest.raises(BackendUnavailable) as info:
+                await asyncio.wait_for(task, 30)
+            assert isinstance(info.value.__cause__, psycopg.OperationalError)
+            await locker.commit()
+        # The statement never ran, the next call works on a fresh connection.
+        assert await provider.get_lease_owner("k") == "alice"
+        assert await provider.transfer_lease("k", "alice", "bob", 30_000)
+
+
+@pytest.mark.asyncio
+async def test_lost_listen_connection_wakes_every_waiter(
+    postgres_url: str, schema: str, unique: str, admin: Admin
+) -> None:
+    app = f"tenure-test-{unique}"
+    async with PostgresLeaseProvider.from_url(
+        f"{postgres_url}?application_name={app}", schema=schema
+    ) as provider:
+        await provider.acquire_lease("a", "alice", 30_000)
+        await provider.acquire_lease("b", "alice", 30_000)
+        waiters = [asyncio.create_task(provider.wait_lease_released(k, 60)) for k in ("a", "b")]
+        await asyncio.sleep(0.2)
+        assert not any(w.done() for w in waiters)
+        cur = await admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND query LIKE 'LISTEN%%'",
+            (app,),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        await admin.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+        # Releases may have been missed while it was down: everyone looks again.
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 30) == [True, True]
+        # And the listener is back: a release wakes a new waiter.
+        waiter = asyncio.create_task(provider.wait_lease_released("a", 60))
+        await asyncio.sleep(0.2)
+        await provider.release_lease("a", "alice")
+        assert await asyncio.wait_for(waiter, 30) is True
+
+
+@pytest.mark.asyncio
+async def test_server_crash_is_unavailable_then_recovers_with_higher_tokens() -> None:
+    with PgServer() as server:
+        async with PostgresLeaseProvider.from_url(f"{server.url}?pool_timeout=2") as provider:
+            first = await provider.acquire_lease("k", "alice", 60_000)
+            server.kill()
+            with pytest.raises(BackendUnavailable):
+                await provider.get_lease_owner("k")
+            server.start()
+            # Committed grants survive the crash; the pool reconnects by itself.
+            for _ in range(100):
+                try:
+                    owner = await provider.get_lease_owner("k")
+                    break
+                except BackendUnavailable:
+                    await asyncio.sleep(0.1)
+            assert owner == "alice"
+            await provider.release_lease("k", "alice")
+            second = await provider.acquire_lease("k", "bob", 60_000)
+            assert first.token is not None and second.token is not None
+            assert second.acquired and second.token > first.token
+
+
+@pytest.mark.asyncio
+async def test_wrong_password_is_unavailable_and_never_shown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret = "correct-horse-7Q"
+    wrong = "wrong-battery-9Z"
+    caplog.set_level(logging.DEBUG)
+    with PgServer(password=secret) as server:
+        good_url = server.url + "?sslmode=disable"
+        bad_url = good_url.replace(secret, wrong)
+        assert bad_url != good_url
+        async with PostgresLeaseProvider.from_url(f"{bad_url}&pool_timeout=1") as provider:
+            assert wrong not in repr(provider)
+            with pytest.raises(BackendUnavailable) as info:
+                await provider.acquire_lease("k", "alice", 1000)
+            with pytest.raises(BackendUnavailable) as waiting:
+                await provider.wait_lease_released("k", 1)
+        assert "password authentication failed" in str(info.value)
+        for error in (info.value, waiting.value):
+            texts = [str(error), repr(error), str(error.__cause__), repr(error.__cause__)]
+            assert all(wrong not in text for text in texts), texts
+        assert wrong not in caplog.text
+        # The right password (and sslmode passed through to libpq) works.
+        async with PostgresLeaseProvider.from_url(good_url) as provider:
+            assert secret not in repr(provider)
+            assert (await provider.acquire_lease("k", "alice", 1000)).acquired
+
+
+@pytest.mark.asyncio
+async def test_unreachable_server_is_unavailable() -> None:
+    url = f"postgresql://postgres:hunter2-secret@127.0.0.1:{free_port()}/postgres?pool_timeout=1"
+    async with PostgresLeaseProvider.from_url(url) as provider:
+        with pytest.raises(BackendUnavailable) as info:
+            await provider.get_lease_owner("k")
+        assert "hunter2-secret" not in str(info.value)
+        assert "hunter2-secret" not in repr(provider)
+
+
+@pytest.mark.asyncio
+async def test_sslmode_require_against_a_server_without_ssl_is_unavailable(
+    postgres_url: str,
+) -> None:
+    async with PostgresLeaseProvider.from_url(
+        f"{postgres_url}?sslmode=require&pool_timeout=1"
+    ) as provider:
+        with pytest.raises(BackendUnavailable):
+            await provider.get_lease_owner("k")

@@ -1,0 +1,26 @@
+"""Helpers shared by the Redis tests."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+
+async def delete_prefix(url: str, prefix: str) -> int:
+    """Delete every key under ``prefix`` (a test's own namespace); returns how many."""
+    pattern = b"".join(
+        b"\\" + bytes([c]) if c in b"\\*?[]" else bytes([c]) for c in prefix.encode()
+    )
+    client = aioredis.Redis.from_url(url)
+    deleted = 0
+    try:
+        batch: list[bytes] = []
+        async for key in client.scan_iter(match=pattern + b"*", count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                deleted += await client.delete(*batch)
+                batch.clear()
+        if batch:
+            deleted += await client.delete(*batch)
+    finally:
+        await client.aclose()
+    return deleted

@@ -1,0 +1,198 @@
+"""RedisStreamsPubSub beyond the contract suite: URLs, key encoding, batch renew, waiting."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+
+import tenure
+from tenure import ConfigurationError, InvalidArgument
+from tenure.backends.redis import RedisStreamsPubSub, _tag
+
+from ..support.redis_server import RedisServer
+from .conftest import MakeBackend
+from .helpers import delete_prefix
+
+
+@pytest_asyncio.fixture
+async def shared(redis_url: str, unique: str) -> AsyncIterator[tuple[RedisStreamsPubSub, str]]:
+    """A backend on the shared Redis under a prefix of the test's own (deleted after)."""
+    prefix = f"tenure-test-{unique}:"
+    backend = RedisStreamsPubSub.from_url(redis_url, prefix=prefix, quarantine=False)
+    try:
+        yield backend, prefix
+    finally:
+        await backend.aclose()
+        await delete_prefix(redis_url, prefix)
+
+
+# -- URLs and configuration ------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_url_options_and_repr_without_password() -> None:
+    backend = tenure.from_url(
+        "rediss://user:hunter2-secret@cache.example:6380/3?prefix=app:&max_ttl_ms=90000"
+        "&quarantine=off&strict=1&max_attempts=7&socket_timeout=1.5"
+    )
+    try:
+        assert isinstance(backend, RedisStreamsPubSub)
+        text = repr(backend)
+        assert "hunter2-secret" not in text
+        assert text == "RedisStreamsPubSub(cache.example:6380/3, prefix='app:')"
+        with pytest.raises(InvalidArgument, match="max_ttl_ms=90000"):
+            await backend.acquire_lease("k", "o", 90_001)
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("redis://localhost/0?prefx=a:", "unknown query parameter 'prefx'"),
+        ("redis://localhost/0?max_ttl_ms=soon", "bad value for 'max_ttl_ms'"),
+        ("redis://localhost/0?quarantine=maybe", "bad value for 'quarantine'"),
+        ("redis://localhost/0?retry_on_timeout=yes", "unknown query parameter"),
+        ("redis://localhost/0?prefix=a{b}:", "without braces"),
+    ],
+)
+def test_bad_urls_raise_configuration_error(url: str, match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        tenure.from_url(url)
+
+
+def test_bad_url_error_hides_the_password() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        tenure.from_url("redis://u:topsecret-pw@localhost/0?nope=1")
+    assert "topsecret-pw" not in str(info.value)
+
+
+def test_keyword_options_override_the_query() -> None:
+    backend = RedisStreamsPubSub.from_url("redis://localhost/0?prefix=a:", prefix="b:")
+    assert "prefix='b:'" in repr(backend)
+
+
+def test_key_encoding_is_injective_and_keeps_one_hash_tag() -> None:
+    backend = RedisStreamsPubSub.from_url("redis://localhost/0")
+    names = ["a", "a}", "a}:token", "a}:lease", "{a}", "%7D", "}", "%", "a\0", "a\0b", "é", "%25"]
+    keys = [k for name in names for k in backend._lease_key(name)]
+    assert len(set(keys)) == len(keys)
+    for name in names:
+        tag = _tag(name)
+        assert b"{" not in tag and b"}" not in tag
+        lease, counter = backend._lease_key(name)
+        # The hash tag (between the first "{" and the next "}") is the same for both.
+        assert lease.split(b"{", 1)[1].split(b"}", 1)[0] == tag
+        assert counter.split(b"{", 1)[1].split(b"}", 1)[0] == tag
+
+
+# -- batch renew -----------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_renew_leases_keeps_ten_thousand_keys(
+    shared: tuple[RedisStreamsPubSub, str],
+) -> None:
+    backend, _ = shared
+    keys = [f"many-{i}" for i in range(10_000)]
+    for start in range(0, len(keys), 500):
+        results = await asyncio.gather(
+            *(backend.acquire_lease(k, "owner", 60_000) for k in keys[start : start + 500])
+        )
+        assert all(r.acquired for r in results)
+    await backend.release_lease(keys[7], "owner")
+    renewed = await backend.renew_leases(keys, "owner", 60_000)
+    assert len(renewed) == len(keys)
+    assert renewed[7] is False
+    assert renewed.count(True) == len(keys) - 1
+    assert await backend.renew_leases(keys[:100], "intruder", 60_000) == [False] * 100
+    assert await backend.renew_leases([], "owner", 60_000) == []
+    with pytest.raises(InvalidArgument, match="key"):
+        await backend.renew_leases(["ok", ""], "owner", 60_000)
+
+
+# -- waiting for a release ----------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_wait_lease_released_wakes_on_a_release_by_another_client(
+    shared: tuple[RedisStreamsPubSub, str], redis_url: str
+) -> None:
+    backend, prefix = shared
+    other = RedisStreamsPubSub.from_url(redis_url, prefix=prefix, quarantine=False)
+    try:
+        assert await backend.wait_lease_released("free", 5) is True
+        assert (await other.acquire_lease("k", "alice", 30_000)).acquired
+        assert await backend.wait_lease_released("k", 0.2) is False
+        waiter = asyncio.create_task(backend.wait_lease_released("k", 30))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        await other.transfer_lease("k", "alice", "bob", 30_000)
+        assert await asyncio.wait_for(waiter, 10) is True
+        waiters = [asyncio.create_task(backend.wait_lease_released("k", 30)) for _ in range(2)]
+        await asyncio.sleep(0.2)
+        await other.release_lease("k", "bob")
+        # One release wakes one waiter (no stampede); the next release the other.
+        done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED, timeout=10)
+        assert len(done) == 1 and len(pending) == 1
+        await asyncio.sleep(0.2)
+        assert not pending.pop().done()
+        assert (await other.acquire_lease("k", "carol", 30_000)).acquired
+        await other.release_lease("k", "carol")
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 10) == [True, True]
+    finally:
+        await other.aclose()
+
+
+@pytest.mark.asyncio
+async def test_lost_notification_connection_wakes_every_waiter(
+    server: RedisServer, make_backend: MakeBackend
+) -> None:
+    backend = make_backend(server.url, quarantine=False)
+    assert (await backend.acquire_lease("k", "alice", 30_000)).acquired
+    waiters = [asyncio.create_task(backend.wait_lease_released("k", 30)) for _ in range(3)]
+    await asyncio.sleep(0.3)
+    server.command("CLIENT", "KILL", "TYPE", "pubsub")
+    # Woken (a notification may have been missed), although the lease is still held.
+    assert await asyncio.wait_for(asyncio.gather(*waiters), 10) == [True, True, True]
+    assert await backend.get_lease_owner("k") == "alice"
+    # And it listens again afterwards.
+    waiter = asyncio.create_task(backend.wait_lease_released("k", 30))
+    await asyncio.sleep(0.3)
+    await backend.release_lease("k", "alice")
+    assert await asyncio.wait_for(waiter, 10) is True
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_injected_client_is_used_and_left_open(
+    redis_url: str, unique: str, protocol: int
+) -> None:
+    prefix = f"tenure-test-{unique}:"
+    client = aioredis.Redis.from_url(redis_url, protocol=protocol)
+    try:
+        backend = RedisStreamsPubSub(client, prefix=prefix, quarantine=False)
+        granted = await backend.acquire_lease("k", "alice", 10_000)
+        assert granted.acquired
+        assert await backend.acquire_lease("k", "bob", 10_000) == tenure.AcquireResult(
+            False, "alice", None
+        )
+        assert await backend.renew_leases(["k", "x"], "alice", 10_000) == [True, False]
+        assert await backend.transfer_lease("k", "alice", "bob", 10_000)
+        record = await backend.get_lease("k")
+        assert record is not None and record.owner == "bob"
+        assert granted.token is not None and record.token > granted.token
+        await backend.aclose()
+        assert await client.ping()  # the caller's client stays usable
+    finally:
+        await client.aclose()
+        await delete_prefix(redis_url, prefix)
+
+
+def test_client_with_decoded_responses_is_refused(redis_url: str) -> None:
+    with pytest.raises(ConfigurationError, match="decode_responses"):
+        RedisStreamsPubSub(aioredis.Redis.from_url(redis_url, decode_responses=True))

@@ -1,0 +1,297 @@
+"""Lease behaviour under faults, each on a private redis-server.
+
+Script-cache flush, restarts with and without persistence (quarantine, token
+monotonicity), an evicting ``maxmemory-policy``, wrong passwords, a killed or
+paused server, and a closed backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from tenure import AcquireResult, BackendClosed, BackendUnavailable, ConfigurationError, Event
+from tenure.backends.redis import RedisStreamsPubSub
+from tenure.testing import eventually
+
+from ..support.redis_server import RedisServer
+from .conftest import MakeBackend
+
+
+async def acquire_when_possible(
+    backend: RedisStreamsPubSub, key: str, owner: str, ttl_ms: int, timeout: float = 20.0
+) -> tuple[AcquireResult, float]:
+    """Retry until granted (quarantine, reconnects); returns the grant and its wall time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = await backend.acquire_lease(key, owner, ttl_ms)
+        except BackendUnavailable:
+            result = None
+        if result is not None and result.acquired:
+            return result, time.time()
+        assert time.monotonic() < deadline, f"{key!r} was never granted: {result}"
+        await asyncio.sleep(0.05)
+
+
+async def first_answer(
+    backend: RedisStreamsPubSub, key: str, owner: str, ttl: int
+) -> AcquireResult:
+    """The first acquire that gets an answer (the first call after a restart may fail)."""
+    for _ in range(20):
+        try:
+            return await backend.acquire_lease(key, owner, ttl)
+        except BackendUnavailable:
+            await asyncio.sleep(0.05)
+    raise AssertionError("the server never answered")
+
+
+@pytest.mark.asyncio
+async def test_fresh_server_quarantines_unknown_keys(
+    server: RedisServer, make_backend: MakeBackend
+) -> None:
+    guarded = make_backend(server.url, max_ttl_ms=1500)
+    refused = await guarded.acquire_lease("k", "alice", 1000)
+    assert refused == AcquireResult(acquired=False, owner=None, token=None)
+    assert await guarded.get_lease_owner("k") is None
+    # The documented way out: no quarantine, immediate grant.
+    unguarded = make_backend(server.url, max_ttl_ms=1500, quarantine=False)
+    assert (await unguarded.acquire_lease("other", "bob", 1000)).acquired
+    # A waiter is not sent back at once (the key is free but not grantable):
+    # it waits for the end of the window, which is max_ttl_ms (+1 s rounding,
+    # +1%) after the server started.
+    assert await guarded.wait_lease_released("k", 0.05) is False
+    assert await guarded.wait_lease_released("k", 30) is True
+    granted = await guarded.acquire_lease("k", "alice", 1000)
+    assert granted.acquired and granted.owner == "alice"
+
+
+@pytest.mark.asyncio
+async def test_restart_without_persistence_quarantines_and_tokens_keep_rising(
+    server: RedisServer, make_backend: MakeBackend
+) -> None:
+    max_ttl = 1500
+    backend = make_backend(server.url, max_ttl_ms=max_ttl)
+    before, _ = await acquire_when_possible(backend, "k", "alice", max_ttl)
+    assert before.token is not None
+    restart_began = time.time()
+    server.restart(keep_data=False)  # every lease and counter is gone
+    refused = await first_answer(backend, "k", "bob", max_ttl)
+    assert refused == AcquireResult(acquired=False, owner=None, token=None)
+    after, granted_at = await acquire_when_possible(backend, "k", "bob", max_ttl)
+    # alice's lease (granted before the restart) may have lived until
+    # restart_began + max_ttl: bob must not get the key before that.
+    assert granted_at - restart_began >= max_ttl / 1000 - 0.05
+    assert after.token is not None and after.token > before.token
+
+
+@pytest.mark.asyncio
+async def test_restart_with_persistence_keeps_leases(make_backend: MakeBackend) -> None:
+    with RedisServer(persistence=True) as server:
+        writer = make_backend(server.url, quarantine=False, max_ttl_ms=30_000)
+        granted = await writer.acquire_lease("k", "alice", 30_000)
+        server.restart(keep_data=True)
+        guarded = make_backend(server.url, max_ttl_ms=30_000)
+        # The lease survived, so the holder is named; no quarantine for this key.
+        denied = await first_answer(guarded, "k", "bob", 30_000)
+        assert denied == AcquireResult(acquired=False, owner="alice", token=None)
+        record = await guarded.get_lease("k")
+        assert record is not None and record.token == granted.token
+        # A key the server never saw is still refused within the window.
+        assert await guarded.acquire_lease("new", "bob", 1000) == AcquireResult(False, None, None)
+
+
+@pytest.mark.asyncio
+async def test_script_cache_flush_runs_each_operation_once(
+    server: RedisServer, make_backend: MakeBackend
+) -> None:
+    backend = make_backend(server.url, quarantine=False)
+    granted = await backend.acquire_lease("k", "alice", 10_000)
+    server.command("SCRIPT", "FLUSH")
+    server.command("CONFIG", "RESETSTAT")
+    # A transfer that ran twice would report False (alice no longer holds it).
+    assert await backend.transfer_lease("k", "alice", "bob", 10_000) is True
+    stats = server.client().info("commandstats")
+    assert stats["cmdstat_eval"]["calls"] == 1
+    record = await backend.get_lease("k")
+    assert record is not None and record.owner == "bob"
+    assert granted.token is not None and record.token > granted.token
+    server.command("SCRIPT", "FLUSH")
+    keys = [f"r{i}" for i in range(50)]
+    for key in keys:
+        await backend.acquire_lease(key, "bob", 10_000)
+    server.command("SCRIPT", "FLUSH")
+    assert await backend.renew_leases([*keys, "missing"], "bob", 10_000) == [True] * 50 + [False]
+
+
+@pytest.mark.asyncio
+async def test_lost_counter_does_not_lower_the_token(
+    server: RedisServer, make_backend: MakeBackend
+) -> None:
+    backend = make_backend(server.url, quarantine=False)
+    first = await backend.acquire_lease("k", "alice", 10_000)
+    await backend.release_lease("k", "alice")
+    assert server.command("DEL", b"tenure:{k}:token") == 1
+    second = await backend.acquire_lease("k", "bob", 10_000)
+    assert first.token is not None and second.token is not None
+    assert second.token > first.token
+
+
+@pytest.mark.asyncio
+async def test_evicting_policy_warns(
+    server: RedisServer, make_backend: MakeBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.command("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+    backend = make_backend(server.url, quarantine=False)
+    with caplog.at_level(logging.WARNING, logger="tenure.redis"):
+        assert (await backend.acquire_lease("k", "alice", 1000)).acquired
+    assert "allkeys-lru" in caplog.text and "noeviction" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_evicting_policy_is_refused_when_strict(
+    server: RedisServer, make_backend: MakeBackend
+) -> None:
+    server.command("CONFIG", "SET", "maxmemory-policy", "volatile-ttl")
+    backend = make_backend(server.url + "?strict=true", quarantine=False)
+    with pytest.raises(ConfigurationError, match="volatile-ttl"):
+        await backend.acquire_lease("k", "alice", 1000)
+    with pytest.raises(ConfigurationError, match="volatile-ttl"):
+        await backend.publish("topic", Event(type="t"))
+    server.command("CONFIG", "SET", "maxmemory-policy", "noeviction")
+    ok = make_backend(server.url + "?strict=true", quarantine=False)
+    assert (await ok.acquire_lease("k", "alice", 1000)).acquired
+
+
+@pytest.mark.asyncio
+async def test_wrong_password_never_leaks(
+    make_backend: MakeBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "correct-horse-42"
+    wrong = "wrong-battery-17"
+    with RedisServer(password=secret) as server:
+        server.command("ACL", "SETUSER", "alice", "on", ">alice-pw-9", "~*", "&*", "+@all")
+        bad = make_backend(server.url_for(password=wrong), quarantine=False)
+        bad_user = make_backend(server.url_for("alice", wrong), quarantine=False)
+        with caplog.at_level(logging.DEBUG):
+            for backend in (bad, bad_user):
+                with pytest.raises(BackendUnavailable) as info:
+                    await backend.acquire_lease("k", "alice", 1000)
+                texts = [str(info.value), repr(info.value), repr(backend), str(backend)]
+                texts += [str(info.value.__cause__), repr(info.value.__cause__)]
+                assert not any(wrong in text for text in texts), texts
+        assert wrong not in caplog.text
+        good = make_backend(server.url, quarantine=False)
+        assert (await good.acquire_lease("k", "alice", 1000)).acquired
+        assert secret not in repr(good)
+        acl_user = make_backend(server.url_for("alice", "alice-pw-9"), quarantine=False)
+        assert (await acl_user.acquire_lease("k", "alice", 1000)).acquired
+        assert "alice-pw-9" not in repr(acl_user)
+
+
+@pytest.mark.asyncio
+async def test_killed_server_raises_backend_unavailable(
+    server: RedisServer, make_backend: MakeBackend
+) -> None:
+    backend = make_backend(server.url, quarantine=False)
+    assert (await backend.acquire_lease("k", "alice", 10_000)).acquired
+    server.kill()
+    with pytest.raises(BackendUnavailable) as info:
+        await backend.renew_lease("k", "alice", 10_000)
+    assert info.value.__cause__ is not None
+    with pytest.raises(BackendUnavailable):
+        await backend.get_lease("k")
+
+
+@pytest.mark.asyncio
+async def test_paused_server_times_out_as_backend_unavailable(
+    server: RedisServer, make_backend: MakeBackend
+) -> None:
+    backend = make_backend(server.url, quarantine=False, socket_timeout=0.5)
+    assert (await backend.acquire_lease("k", "alice", 10_000)).acquired
+    server.pause()
+    try:
+        with pytest.raises(BackendUnavailable):
+            await backend.renew_lease("k", "alice", 10_000)
+    finally:
+        server.resume()
+    # The server comes back; so does the backend.
+    for _ in range(20):
+        try:
+            assert await backend.renew_lease("k", "alice", 10_000) is True
+            break
+        except BackendUnavailable:
+            await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the backend did not recover")
+
+
+@pytest.mark.asyncio
+async def test_closed_backend_raises_and_leaves_nothing_running(server: RedisServer) -> None:
+    backend = RedisStreamsPubSub.from_url(server.url, quarantine=False)
+    got: list[Event] = []
+
+    async def callback(event: Event) -> None:
+        got.append(event)
+
+    await backend.subscribe("topic", callback)
+    await backend.subscribe("topic2", callback, group="g")
+    assert (await backend.acquire_lease("k", "alice", 10_000)).acquired
+    waiter = asyncio.create_task(backend.wait_lease_released("k", 30))
+    await asyncio.sleep(0.2)
+    await backend.aclose()
+    assert await waiter is True  # closing wakes waiters
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    clients = server.command("CLIENT", "LIST").decode().strip().splitlines()
+    assert len(clients) == 1, clients  # only the admin connection of this check
+    assert server.command("XINFO", "GROUPS", b"tenure:{topic}:stream") == []
+    for call in (
+        backend.acquire_lease("k", "alice", 1000),
+        backend.get_lease_owner("k"),
+        backend.get_lease("k"),
+        backend.release_lease("k", "alice"),
+        backend.renew_lease("k", "alice", 1000),
+        backend.transfer_lease("k", "alice", "bob", 1000),
+        backend.renew_leases(["k"], "alice", 1000),
+        backend.wait_lease_released("k", 1),
+        backend.publish("topic", Event(type="t")),
+        backend.subscribe("topic", callback),
+        backend.flush(),
+    ):
+        with pytest.raises(BackendClosed):
+            await call
+    await backend.aclose()  # idempotent
+
+
+@pytest.mark.asyncio
+async def test_reader_recovers_entries_whose_reply_was_lost(
+    server: RedisServer, make_backend: MakeBackend
+) -> None:
+    backend = make_backend(server.url, quarantine=False)
+    got: list[Event] = []
+
+    async def callback(event: Event) -> None:
+        got.append(event)
+
+    await backend.subscribe("t", callback)
+    sub = next(iter(backend._subs["t"].values()))
+    await backend.unsubscribe("t", callback)  # keep the group alive by hand below
+    stream = b"tenure:{t}:stream"
+    server.command("XGROUP", "CREATE", stream, sub.group, "$", "MKSTREAM")
+    publisher = make_backend(server.url, quarantine=False)
+    sent = [await publisher.publish("t", Event(type="t", data=i)) for i in range(3)]
+    # Entries handed to the consumer whose reply never arrived: pending, unread.
+    server.command("XREADGROUP", "GROUP", sub.group, sub.consumer, "STREAMS", stream, ">")
+    sent.append(await publisher.publish("t", Event(type="t", data=3)))
+    sub.task = asyncio.get_running_loop().create_task(backend._read_loop(sub))
+    backend._subs["t"] = {callback: sub}
+    await eventually(lambda: len(got) == 1)  # entry 3, read with ">"; now blocked reading
+    await asyncio.sleep(0.2)
+    server.command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")  # the reader fails once
+    await eventually(lambda: len(got) >= 4, timeout=20)
+    assert sorted(e.data for e in got) == [0, 1, 2, 3]
+    assert {e.id for e in got} == {e.id for e in sent}
+    assert sorted(e.attempt for e in got) == [1, 2, 2, 2]

@@ -1,0 +1,240 @@
+"""A private ``redis-server`` for tests that restart, pause or kill Redis.
+
+The shared Redis on 6379 must never be disturbed, so fault tests start their
+own server with :class:`RedisServer`: on 127.0.0.1, on a free port, with its
+data in a temporary directory that is removed at the end::
+
+    with RedisServer() as server:              # started, answers PING
+        url = server.url                       # redis://127.0.0.1:<port>/0
+        server.pause(); server.resume()        # SIGSTOP / SIGCONT
+        server.restart(keep_data=False)        # like a restart without persistence
+        server.kill()                          # SIGKILL, no shutdown save
+
+The binary is ``redis-server`` from ``$PATH`` (Debian's ``redis-server``
+package; ``.ci/run`` installs it). If it is missing, :meth:`start` raises
+``RuntimeError``: tests fail, they never skip. Only the standard library and
+the synchronous redis-py client are used, so the module works in any process
+(pytest, a subprocess of a test, a benchmark).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote
+
+import redis
+
+__all__ = ["RedisServer", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class RedisServer:
+    """One ``redis-server`` process owned by a test.
+
+    ``persistence=True`` turns on the append-only file with ``appendfsync
+    always`` (every write survives :meth:`restart` and even :meth:`kill`);
+    otherwise nothing is saved and a restart starts empty. ``password`` sets
+    ``requirepass`` (the default user's password). ``args`` are extra
+    ``redis-server`` options, e.g. ``["--maxmemory-policy", "allkeys-lru"]``.
+    The port and data directory stay the same across restarts.
+    """
+
+    def __init__(
+        self,
+        *,
+        persistence: bool = False,
+        password: str | None = None,
+        args: Sequence[str] = (),
+        start_timeout: float = 10.0,
+    ) -> None:
+        self.persistence = persistence
+        self.password = password
+        self.args = list(args)
+        self.start_timeout = start_timeout
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="tenure-redis-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    # -- addresses -------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``, with the password when one is set."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def url_for(self, username: str | None = None, password: str | None = None) -> str:
+        """A URL of this server with the given credentials (for auth tests)."""
+        auth = ""
+        if username is not None or password is not None:
+            auth = quote(username or "", safe="")
+            if password is not None:
+                auth += ":" + quote(password, safe="")
+            auth += "@"
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A synchronous admin client (close it, or use it in a ``with`` block)."""
+        kwargs.setdefault("socket_timeout", 5.0)
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, **kwargs)
+
+    def command(self, *args: Any) -> Any:
+        """Run one command on a fresh admin connection and return the reply."""
+        with self.client() as conn:
+            return conn.execute_command(*args)
+
+    # -- life cycle ---------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        """Start the server and wait until it answers ``PING``."""
+        if self.running:
+            raise RuntimeError("redis-server is already running")
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "redis-server is not installed (apt-get install redis-server; .ci/run does it)"
+            )
+        cmd = [
+            binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.dir),
+            "--daemonize",
+            "no",
+            "--save",
+            "",
+            "--logfile",
+            str(self.dir / "redis.log"),
+            "--appendonly",
+            "yes" if self.persistence else "no",
+            "--appendfsync",
+            "always",
+        ]
+        if self.password is not None:
+            cmd += ["--requirepass", self.password]
+        cmd += self.args
+        self.process = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self.process is not None and self.process.poll() is not None:
+                log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"redis-server exited with {self.process.returncode}: {log}")
+            try:
+                with self.client(socket_timeout=1.0, socket_connect_timeout=1.0) as conn:
+                    conn.ping()
+                    # With AOF, PING answers before the data is loaded.
+                    if conn.info("persistence").get("loading", 0) == 0:
+                        return
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"redis-server on port {self.port} did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Stop gracefully (SIGTERM; with persistence the AOF is complete)."""
+        self._signal_and_wait(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Kill at once (SIGKILL), as a crash would."""
+        self._signal_and_wait(signal.SIGKILL)
+
+    def _signal_and_wait(self, sig: signal.Signals) -> None:
+        proc = self.process
+        if proc is None or proc.poll() is not None:
+            self.process = None
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)  # a paused server cannot handle SIGTERM
+            proc.send_signal(sig)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        self.process = None
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open, nothing is answered."""
+        assert self.process is not None, "not running"
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Undo :meth:`pause` (SIGCONT)."""
+        assert self.process is not None, "not running"
+        self.process.send_signal(signal.SIGCONT)
+
+    def restart(self, *, keep_data: bool | None = None) -> None:
+        """Stop and start again on the same port.
+
+        ``keep_data=False`` kills the server and deletes its files: the new
+        server starts empty, exactly like a restart without persistence.
+        ``keep_data=True`` stops it gracefully and keeps its files (needs
+        ``persistence=True`` to keep anything). The default follows
+        ``persistence``.
+        """
+        if keep_data is None:
+            keep_data = self.persistence
+        if keep_data:
+            self.stop()
+        else:
+            self.kill()
+            for entry in self.dir.iterdir():
+                if entry.name != "redis.log":
+                    if entry.is_dir():
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink()
+        self.start()
+
+    def close(self) -> None:
+        """Kill the server and remove its directory."""
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"RedisServer(port={self.port}, {state}, dir={str(self.dir)!r})"

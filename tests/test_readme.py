@@ -1,0 +1,35 @@
+"""The README never lies: its quickstart runs, and its commands are the ones CI runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _section_code(heading: str) -> str:
+    section = README.split(f"## {heading}", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match, f"no python block under {heading!r}"
+    return match.group(1)
+
+
+def test_quickstart_runs() -> None:
+    code = _section_code("Quickstart")
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    block = README.split("## Set-up: two commands", 1)[1].split("```", 2)[1]
+    commands = [line.split("#")[0].strip() for line in block.splitlines()[1:] if line.strip()]
+    assert commands == ["bash scripts/demo", "bash scripts/test"]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "\nbash scripts/test" in ci
+    assert (ROOT / "scripts" / "demo").exists()
