@@ -22,6 +22,7 @@ EXPECTED = [
     "RuntimeEvent",
     "SendResult",
     "Signal",
+    "SqlitePubSub",
     "TenureError",
     "ThreadRun",
     "ThreadRuntime",

@@ -18,12 +18,27 @@ def _section_code(heading: str) -> str:
     return match.group(1)
 
 
-def test_quickstart_runs() -> None:
-    code = _section_code("Quickstart")
+def _run(code: str) -> str:
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_quickstart_runs() -> None:
+    _run(_section_code("Quickstart"))
+
+
+def test_holding_example_runs() -> None:
+    assert "working under fencing token 1" in _run(_section_code("Holding a lease"))
+
+
+def test_runtime_example_runs() -> None:
+    out = _run(_section_code("The thread runtime"))
+    assert "hello" in out
+    assert "and another thing" in out
+    assert any(line.startswith("wake ") for line in out.splitlines())
 
 
 def test_ci_runs_the_readme_test_command() -> None:

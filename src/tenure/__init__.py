@@ -15,6 +15,7 @@ from ._hold import HeldLease, acquire_wait, hold, renew_many
 from ._pubsub import Event, PubSub
 from ._url import default_url, from_url
 from .backends.memory import MemoryPubSub
+from .backends.sqlite import SqlitePubSub
 from .runtime import RuntimeEvent, SendResult, Signal, ThreadRun, ThreadRuntime
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "RuntimeEvent",
     "SendResult",
     "Signal",
+    "SqlitePubSub",
     "TenureError",
     "ThreadRun",
     "ThreadRuntime",

@@ -21,6 +21,10 @@ class KeyWaiters:
     def __len__(self) -> int:
         return sum(len(q) for q in self._waiters.values())
 
+    def __bool__(self) -> bool:
+        # Checked on every release: must not cost a sum over all keys.
+        return bool(self._waiters)
+
     def keys(self) -> list[str]:
         return list(self._waiters)
 
