@@ -1,0 +1,652 @@
+"""Run a workload with faults against one backend, then check the history.
+
+A run: start the backend's server (our own, on a free loopback port) behind the
+fault proxy, start the clients, inject faults until the deadline, heal, let the
+clients finish, sweep every key with an acquire (P6: after healing every key can
+be taken), read the fenced counter, and run every checker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checker import CheckConfig, Report, check_all
+from .client import Client, ClientConfig, config_json
+from .faults import FaultInjector, ServerFaults
+from .history import INF, Op, group_by_key, load_dir
+from .mutants import open_backend
+from .proxy import Proxy
+from .store import FencedStore
+
+__all__ = ["RunConfig", "RunResult", "run"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CLIENT_FAULTS = ["client-pause", "client-pause", "client-kill"]
+PROXY_FAULTS = ["proxy-blackhole", "proxy-reset", "proxy-drop-reply"]
+
+
+@dataclass
+class RunConfig:
+    backend: str  # memory | sqlite | redis | redis-aof | postgres
+    duration_s: float = 30.0
+    seed: int = 1
+    lease_clients: int = 12
+    counter_clients: int = 4
+    clients_per_key: int = 4
+    ttl_ms: int = 300
+    rotate_s: float = 3.0
+    faults: bool = True
+    mutant: str | None = None
+    workdir: str | None = None
+    op_timeout_s: float = 2.0
+    check_budget: int = 200_000
+    fault_kinds: list[str] | None = None  # None: every kind the backend supports
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    report: Report
+    operations: int
+    clients: int
+    keys: int
+    faults: dict[str, int]
+    takeover_ms: list[float]
+    sweep_ok: bool
+    sweep_failed: list[str]
+    counter_final: int
+    integrity: str | None
+    workdir: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def violations(self) -> int:
+        return len(self.report.violations)
+
+    def figure_line(self) -> str:
+        r = self.report
+        n = len(r.keys) or 1
+        faults = sum(v for k, v in self.faults.items() if "not injected" not in k)
+        kinds = ", ".join(f"{k} {v}" for k, v in self.faults.items()) or "none"
+        p50, p99 = _pct(self.takeover_ms, 50), _pct(self.takeover_ms, 99)
+        ttl = self.config.ttl_ms
+        tk = (
+            f"takeover p50/p99 = TTL {p50 - ttl:+.0f} / TTL {p99 - ttl:+.0f} ms "
+            f"({len(self.takeover_ms)} kills of holders, TTL {ttl} ms)"
+            if self.takeover_ms
+            else "takeover: no holder was killed"
+        )
+        c = r.counter
+        counter = (
+            f"fenced counter {c.acknowledged} acknowledged = {c.final} final"
+            + (f" (+{c.unknown} unknown)" if c.unknown else "")
+            if c is not None and c.ok
+            else (f"fenced counter {c.acknowledged} acknowledged vs {c.final} final" if c else "")
+        )
+        by_prop = {
+            p: sum(1 for v in r.violations if v.prop == p) for p in ("P1", "P2", "P3", "P4", "P5")
+        }
+        viol = (
+            "0 violations of P1-P5"
+            if not r.violations
+            else "VIOLATIONS " + ", ".join(f"{p}: {k}" for p, k in by_prop.items() if k)
+        )
+        where = (
+            " (one process, clients as asyncio tasks)" if self.config.backend == "memory" else ""
+        )
+        return (
+            f"{self.config.backend}: {self.operations} operations, {self.clients} client "
+            f"{'tasks' if self.config.backend == 'memory' else 'processes'}{where}, {self.keys} keys, "
+            f"{faults} faults ({kinds}), {viol}; "
+            f"{100 * r.passed / n:.1f}% of per-key histories fully checked, "
+            f"{100 * r.unknown / n:.1f}% unknown; {counter}; {tk}; "
+            f"acquire sweep {'ok' if self.sweep_ok else 'FAILED'}"
+            + (f"; SQLite integrity_check {self.integrity}" if self.integrity else "")
+        )
+
+
+def _pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))]
+
+
+# -- clients as processes or as tasks ----------------------------------------------
+
+
+class ProcessPool:
+    def __init__(self, make_cfg: Callable[[str, str, int], ClientConfig]) -> None:
+        self._make = make_cfg
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.slots: dict[str, tuple[str, int]] = {}
+        self.started = 0
+        self._gen = 0
+
+    def spawn(self, workload: str, slot: int) -> str:
+        self._gen += 1
+        name = f"{workload[0]}{slot}-{self._gen}"
+        cfg = self._make(name, workload, slot)
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        with (Path(cfg.workdir) / f"{name}.stderr").open("wb") as err:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "safety.client", "--config", config_json(cfg)],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stderr=err,
+            )
+        self.slots[name] = (workload, slot)
+        self.started += 1
+        return name
+
+    def running(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is None]
+
+    def stop(self, name: str) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.procs[name].send_signal(signal.SIGSTOP)
+
+    def cont(self, name: str) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.procs[name].send_signal(signal.SIGCONT)
+
+    async def kill_and_replace(self, name: str) -> None:
+        proc = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(proc.wait)
+        self.spawn(*self.slots[name])
+
+    async def wait_all(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for proc in self.procs.values():
+            left = max(0.1, deadline - time.monotonic())
+            try:
+                await asyncio.to_thread(proc.wait, left)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+
+
+class _Shared:
+    """One shared in-process backend handed to every task; closing it is a no-op."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class TaskPool:
+    """Memory backend: clients are tasks in this process; pause = a closed gate."""
+
+    def __init__(self, make_cfg: Callable[[str, str, int], ClientConfig], backend: Any) -> None:
+        self._make = make_cfg
+        self._backend = _Shared(backend)
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.gates: dict[str, asyncio.Event] = {}
+        self.slots: dict[str, tuple[str, int]] = {}
+        self.started = 0
+        self._gen = 0
+
+    def spawn(self, workload: str, slot: int) -> str:
+        self._gen += 1
+        name = f"{workload[0]}{slot}-{self._gen}"
+        gate = asyncio.Event()
+        gate.set()
+        client = Client(self._make(name, workload, slot), lambda: self._backend, gate=gate)
+        self.tasks[name] = asyncio.ensure_future(client.run())
+        self.gates[name] = gate
+        self.slots[name] = (workload, slot)
+        self.started += 1
+        return name
+
+    def running(self) -> list[str]:
+        return [n for n, t in self.tasks.items() if not t.done()]
+
+    def stop(self, name: str) -> None:
+        self.gates[name].clear()
+
+    def cont(self, name: str) -> None:
+        self.gates[name].set()
+
+    async def kill_and_replace(self, name: str) -> None:
+        task = self.tasks[name]
+        while not task.done():
+            task.cancel()
+            await asyncio.wait([task], timeout=0.05)
+        self.spawn(*self.slots[name])
+
+    async def wait_all(self, timeout: float) -> None:
+        for g in self.gates.values():
+            g.set()
+        _, pending = await asyncio.wait(list(self.tasks.values()), timeout=timeout)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+# -- backends ---------------------------------------------------------------------
+
+
+class Env:
+    """A backend under test: its URL, its server faults, and its clean-up."""
+
+    url = ""
+    server_faults: ServerFaults | None = None
+    proxy: Proxy | None = None
+    kinds: list[str] = CLIENT_FAULTS
+    max_ttl_s = 0.0  # extra wait for the acquire sweep (quarantine after state loss)
+
+    def __init__(self) -> None:
+        # (start, end) monotonic ns of restarts that lost every lease
+        self.state_loss: list[tuple[int, int]] = []
+
+    async def start(self, workdir: Path, label: str) -> None: ...
+
+    async def close(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.aclose()
+
+    def integrity(self) -> str | None:
+        return None
+
+
+class SqliteEnv(Env):
+    async def start(self, workdir: Path, label: str) -> None:
+        self.path = workdir / "leases.db"
+        self.url = f"sqlite:///{self.path}?busy_timeout_ms=2000"
+
+    def integrity(self) -> str | None:
+        db = sqlite3.connect(self.path)
+        try:
+            return str(db.execute("PRAGMA integrity_check").fetchone()[0])
+        finally:
+            db.close()
+
+
+class RedisEnv(Env):
+    def __init__(self, persistence: bool) -> None:
+        super().__init__()
+        self.persistence = persistence
+
+    async def start(self, workdir: Path, label: str) -> None:
+        from tests.support.redis_server import RedisServer
+
+        self.server = RedisServer(persistence=self.persistence)
+        await asyncio.to_thread(self.server.start)
+        self.proxy = await Proxy("127.0.0.1", self.server.port).start()
+        self.url = (
+            f"redis://127.0.0.1:{self.proxy.port}/0?prefix={label}:&max_ttl_ms=2000"
+            "&socket_timeout=1.5&socket_connect_timeout=1.5"
+        )
+        self.max_ttl_s = 4.0
+        srv = self.server
+
+        async def pause() -> None:
+            srv.pause()
+
+        async def resume() -> None:
+            srv.resume()
+
+        async def kill_restart() -> None:
+            start = time.monotonic_ns()
+            await asyncio.to_thread(srv.restart, keep_data=self.persistence)
+            if not self.persistence:
+                self.state_loss.append((start, time.monotonic_ns()))
+
+        async def client_kill() -> None:
+            await asyncio.to_thread(srv.command, "CLIENT", "KILL", "TYPE", "normal")
+
+        async def script_flush() -> None:
+            await asyncio.to_thread(srv.command, "SCRIPT", "FLUSH")
+
+        self.server_faults = ServerFaults(
+            {
+                "redis-pause": (pause, resume),
+                "redis-kill-restart": (kill_restart, None),
+                "redis-client-kill": (client_kill, None),
+                "redis-script-flush": (script_flush, None),
+            }
+        )
+        self.kinds = [
+            *CLIENT_FAULTS,
+            *CLIENT_FAULTS,
+            *PROXY_FAULTS,
+            "redis-pause",
+            "redis-kill-restart",
+            "redis-client-kill",
+            "redis-script-flush",
+        ]
+
+    async def close(self) -> None:
+        await super().close()
+        await asyncio.to_thread(self.server.close)
+
+
+class PostgresEnv(Env):
+    def __init__(self, rnd: random.Random) -> None:
+        super().__init__()
+        self.rnd = rnd
+
+    async def start(self, workdir: Path, label: str) -> None:
+        from tests.support.pg_server import PgServer
+
+        self.server = PgServer()
+        await asyncio.to_thread(self.server.start)
+        self.proxy = await Proxy("127.0.0.1", self.server.port).start()
+        app = f"tenure-safety-{label}"
+        self.url = (
+            f"postgresql://postgres@127.0.0.1:{self.proxy.port}/postgres?schema={label}"
+            f"&connect_timeout=2&application_name={app}&pool_timeout=1"
+            # One call at a time per client: a small pool keeps the server's
+            # connection slots free for the harness's own fault commands.
+            "&pool_min_size=1&pool_max_size=2"
+        )
+        srv = self.server
+        paused: list[int] = []
+
+        async def terminate() -> None:
+            import psycopg
+
+            def go() -> None:
+                with psycopg.connect(srv.url, autocommit=True) as conn:
+                    conn.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE application_name = %s",
+                        (app,),
+                    )
+
+            await asyncio.to_thread(go)
+
+        async def pause_backend() -> None:
+            pids = await asyncio.to_thread(srv.backend_pids)
+            if pids:
+                pid = self.rnd.choice(pids)
+                srv.pause(pid)
+                paused.append(pid)
+
+        async def resume_backend() -> None:
+            while paused:
+                with contextlib.suppress(ProcessLookupError):
+                    srv.resume(paused.pop())
+
+        self.server_faults = ServerFaults(
+            {"pg-terminate": (terminate, None), "pg-pause-backend": (pause_backend, resume_backend)}
+        )
+        self.kinds = [
+            *CLIENT_FAULTS,
+            *CLIENT_FAULTS,
+            *PROXY_FAULTS,
+            "pg-terminate",
+            "pg-pause-backend",
+        ]
+
+    async def close(self) -> None:
+        await super().close()
+        await asyncio.to_thread(self.server.close)
+
+
+def _env(kind: str, rnd: random.Random) -> Env:
+    if kind == "sqlite":
+        return SqliteEnv()
+    if kind == "redis":
+        return RedisEnv(persistence=False)
+    if kind == "redis-aof":
+        return RedisEnv(persistence=True)
+    if kind == "postgres":
+        return PostgresEnv(rnd)
+    raise ValueError(f"unknown backend {kind!r}")
+
+
+# -- the run ----------------------------------------------------------------------
+
+
+def _takeovers(ops: list[Op], kills: list[tuple[int, str]], cfg: CheckConfig) -> list[float]:
+    """For each killed client that held a lease: ms from the kill to the next grant."""
+    by_key = group_by_key(ops)
+    out: list[float] = []
+    for t_kill, victim in kills:
+        for key_ops in by_key.values():
+            held_until = -INF
+            for o in key_ops:
+                if o.process != victim or o.inv > t_kill:
+                    continue
+                if o.type == "ok" and (
+                    (o.op == "acquire" and o.result.get("acquired"))
+                    or (o.op == "renew" and o.result is True)
+                    or (o.op == "transfer" and o.result is True)
+                ):
+                    held_until = o.ret + cfg.ttl_hi(int(o.args["ttl_ms"]))
+                elif o.op == "release" or (o.op == "renew" and o.result is False):
+                    held_until = -INF
+            if held_until < t_kill:
+                continue
+            nxt = [
+                o.ret
+                for o in key_ops
+                if o.type == "ok"
+                and o.op == "acquire"
+                and o.result.get("acquired")
+                and o.process not in (victim, "sweep")
+                and o.inv > t_kill
+            ]
+            if nxt:
+                out.append((min(nxt) - t_kill) / 1e6)
+    return out
+
+
+async def _sweep(url: str, workdir: Path, keys: list[str], ttl_ms: int, wait_s: float) -> list[str]:
+    """Acquire every key once (recorded, so the checkers see these grants too)."""
+    cfg = ClientConfig(
+        name="sweep",
+        url=url,
+        workdir=str(workdir),
+        workload="sweep",
+        seed=0,
+        ttl_ms=ttl_ms,
+        slot=0,
+        t0_ns=0,
+        rotate_s=1,
+        deadline_ns=0,
+    )
+    sweeper = Client(cfg, lambda: open_backend(url))
+    failed = []
+    try:
+        for key in keys:
+            deadline = time.monotonic() + wait_s
+            while True:
+                typ, res = await sweeper.lease(key, "acquire", owner="sweep", ttl_ms=ttl_ms)
+                if typ == "ok" and res.acquired:
+                    await sweeper.lease(key, "release", owner="sweep")
+                    break
+                if time.monotonic() > deadline:
+                    failed.append(key)
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        sweeper.hist.close()
+        await sweeper._reset_backend()
+    return failed
+
+
+async def run(rc: RunConfig) -> RunResult:
+    workdir = Path(rc.workdir or tempfile.mkdtemp(prefix=f"tenure-safety-{rc.backend}-"))
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    rnd = random.Random(rc.seed)
+    label = f"safety{rc.seed}x{os.getpid()}"
+    env: Env | None = None
+    memory_backend: Any = None
+    notes: list[str] = []
+    t0 = time.monotonic_ns()
+    deadline = 0  # known once every client is up; clients read it from workdir/go
+    if rc.backend == "memory":
+        memory_backend = open_backend("memory://", rc.mutant)
+        url = "memory://"
+        kinds = ["client-pause", "client-pause", "client-kill"]
+    else:
+        env = _env(rc.backend, rnd)
+        await env.start(workdir, label)
+        url = env.url
+        kinds = env.kinds
+
+    def make_cfg(name: str, workload: str, slot: int) -> ClientConfig:
+        return ClientConfig(
+            name=name,
+            url=url,
+            workdir=str(workdir),
+            workload=workload,
+            seed=rnd.randrange(2**32),
+            ttl_ms=rc.ttl_ms,
+            slot=slot,
+            t0_ns=t0,
+            rotate_s=rc.rotate_s,
+            deadline_ns=deadline,
+            op_timeout_s=rc.op_timeout_s,
+            mutant=rc.mutant,
+            fencing=rc.mutant != "no-fencing",
+        )
+
+    pool: ProcessPool | TaskPool
+    pool = (
+        TaskPool(make_cfg, memory_backend) if memory_backend is not None else ProcessPool(make_cfg)
+    )
+    injector: FaultInjector | None = None
+    try:
+        per = rc.clients_per_key
+        for i in range(rc.lease_clients):
+            pool.spawn("lease", i // per)
+        for i in range(rc.counter_clients):
+            pool.spawn("counter", i // per)
+        # Process start-up takes seconds on a loaded machine: start the clock
+        # (and the key rotation) only once every client has opened its history.
+        up_by = time.monotonic() + 120
+        while not all((workdir / f"{n}.jsonl").exists() for n in pool.running()):
+            if time.monotonic() > up_by:
+                raise RuntimeError("clients did not start within 120 s")
+            await asyncio.sleep(0.05)
+        deadline = time.monotonic_ns() + int(rc.duration_s * 1e9)
+        (workdir / "go").write_text(str(deadline))
+        if rc.faults:
+            injector = FaultInjector(
+                rnd,
+                ttl_ms=rc.ttl_ms,
+                clients=pool,
+                kinds=rc.fault_kinds or kinds,
+                proxy=env.proxy if env else None,
+                server=env.server_faults if env else None,
+            )
+            await injector.run(deadline)
+            await injector.heal()
+        else:
+            await asyncio.sleep(max(0.0, (deadline - time.monotonic_ns()) / 1e9))
+        await pool.wait_all(timeout=rc.op_timeout_s + 3 * rc.ttl_ms / 1000 + 10)
+        partial = load_dir(workdir)
+        keys = sorted(group_by_key(partial))
+        if memory_backend is not None:
+            failed = await _memory_sweep(memory_backend, workdir, keys, rc.ttl_ms)
+        else:
+            wait_s = 3 * rc.ttl_ms / 1000 + (env.max_ttl_s if env else 0) + 5
+            failed = await _sweep(url, workdir, keys, rc.ttl_ms, wait_s)
+        integrity = env.integrity() if env else None
+    finally:
+        if injector is not None:
+            with contextlib.suppress(Exception):
+                await injector.heal()
+        if env is not None:
+            await env.close()
+        if memory_backend is not None:
+            await memory_backend.aclose()
+    store = FencedStore(workdir / "counter.db")
+    final = store.total()
+    store.close()
+    ops = load_dir(workdir)
+    # Faults are bounded: a client pause lasts at most 3 TTLs, a server stall 2 TTLs;
+    # a lost request takes effect within those plus the client's timeout, or never.
+    horizon = rc.op_timeout_s * 1000 + 5 * rc.ttl_ms + 1000
+    cfg = CheckConfig(budget=rc.check_budget, info_horizon_ms=horizon)
+    report = check_all(
+        ops,
+        cfg,
+        counter_final=final if rc.counter_clients else None,
+        state_loss=env.state_loss if env else (),
+    )
+    takeover = _takeovers(ops, injector.kills if injector else [], cfg)
+    result = RunResult(
+        config=rc,
+        report=report,
+        operations=len(ops),
+        clients=pool.started,
+        keys=len(group_by_key(ops)),
+        faults=injector.summary() if injector else {},
+        takeover_ms=takeover,
+        sweep_ok=not failed,
+        sweep_failed=failed,
+        counter_final=final,
+        integrity=integrity,
+        workdir=str(workdir),
+        notes=notes,
+    )
+    (workdir / "result.json").write_text(
+        json.dumps(
+            {
+                "config": asdict(rc),
+                "figure": result.figure_line(),
+                "violations": [v.describe() for v in report.violations[:50]],
+            },
+            indent=2,
+        )
+    )
+    return result
+
+
+async def _memory_sweep(backend: Any, workdir: Path, keys: list[str], ttl_ms: int) -> list[str]:
+    cfg = ClientConfig(
+        name="sweep",
+        url="memory://",
+        workdir=str(workdir),
+        workload="sweep",
+        seed=0,
+        ttl_ms=ttl_ms,
+        slot=0,
+        t0_ns=0,
+        rotate_s=1,
+        deadline_ns=0,
+    )
+    sweeper = Client(cfg, lambda: _Shared(backend))
+    failed = []
+    try:
+        for key in keys:
+            deadline = time.monotonic() + 3 * ttl_ms / 1000 + 2
+            while True:
+                typ, res = await sweeper.lease(key, "acquire", owner="sweep", ttl_ms=ttl_ms)
+                if typ == "ok" and res.acquired:
+                    break
+                if time.monotonic() > deadline:
+                    failed.append(key)
+                    break
+                await asyncio.sleep(0.02)
+    finally:
+        sweeper.hist.close()
+    return failed
