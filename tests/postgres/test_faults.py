@@ -118,6 +118,44 @@ async def test_acquire_whose_connection_is_terminated_mid_statement_is_retried(
 
 
 @pytest.mark.asyncio
+async def test_a_retried_acquire_that_is_refused_reports_an_unknown_outcome(
+    postgres_url: str, schema: str, unique: str, admin: Admin
+) -> None:
+    # Found by the safety harness: the first attempt can be applied before the
+    # connection breaks; if the lease then expires and goes to someone else,
+    # the retry is refused, and reporting "refused" would hide that the caller
+    # was granted the lease. The call must say "unknown" instead.
+    app = f"tenure-test-{unique}"
+    async with PostgresLeaseProvider.from_url(
+        f"{postgres_url}?application_name={app}", schema=schema
+    ) as provider:
+        await provider.acquire_lease("k", "alice", 30_000)
+        await provider.release_lease("k", "alice")
+        table = psycopg.sql.Identifier(schema, "leases")
+        async with await psycopg.AsyncConnection.connect(postgres_url) as locker:
+            await locker.execute(
+                psycopg.sql.SQL("SELECT 1 FROM {} WHERE key = %s FOR UPDATE").format(table),
+                (b"k",),
+            )
+            task = asyncio.create_task(provider.acquire_lease("k", "bob", 30_000))
+            pid = await _wait_blocked(admin, app)
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            await _wait_blocked(admin, app)
+            # Meanwhile carol holds the key when the retry runs.
+            await locker.execute(
+                psycopg.sql.SQL(
+                    "UPDATE {} SET owner = %s, token = token + 1,"
+                    " deadline = clock_timestamp() + interval '30 seconds' WHERE key = %s"
+                ).format(table),
+                (b"carol", b"k"),
+            )
+            await locker.commit()
+        with pytest.raises(BackendUnavailable, match="outcome unknown"):
+            await asyncio.wait_for(task, 30)
+        assert await provider.get_lease_owner("k") == "carol"
+
+
+@pytest.mark.asyncio
 async def test_transfer_whose_connection_is_terminated_raises_unavailable(
     postgres_url: str, schema: str, unique: str, admin: Admin
 ) -> None:

@@ -180,9 +180,13 @@ class PostgresLeaseProvider:
     through. A pooled connection the server closed (``pg_terminate_backend``,
     restart) is detected when it is taken from the pool; if a connection breaks
     during a statement, the idempotent operations (acquire, renew, release,
-    reads) are retried once on a fresh connection. ``transfer_lease`` is not
-    retried (a lost reply would make a retry report ``False`` after a
-    successful hand-over): it raises :class:`~tenure.BackendUnavailable`.
+    reads) are retried once on a fresh connection. A retried acquire that is
+    refused, or a retried renew that fails, raises
+    :class:`~tenure.BackendUnavailable` instead: the first attempt may have
+    been applied, so the refusal would not be the truth about the call (the
+    safety harness found this). ``transfer_lease`` is not retried (a lost
+    reply would make a retry report ``False`` after a successful hand-over):
+    it raises :class:`~tenure.BackendUnavailable`.
 
     **PgBouncer.** Lease operations work in transaction pooling mode. psycopg
     prepares a statement after it ran 5 times on a connection; that needs
@@ -453,8 +457,24 @@ class PostgresLeaseProvider:
             logger.info("created the lease table %s.%s", self._schema, self._table)
 
     async def _execute(
-        self, op: str, query: str, params: Mapping[str, Any], *, retry: bool
+        self,
+        op: str,
+        query: str,
+        params: Mapping[str, Any],
+        *,
+        retry: bool,
+        definite: Callable[[list[tuple[Any, ...]]], bool] | None = None,
     ) -> list[tuple[Any, ...]]:
+        """Run one statement; with ``retry``, once more if the connection broke under it.
+
+        The first attempt may have been applied before the connection broke.
+        Re-running an idempotent operation is safe, but its answer can then be
+        wrong about the first attempt: an acquire that was granted, whose
+        lease expired and went to someone else before the retry, would come
+        back "refused". So when ``definite`` says a retried answer does not
+        settle the outcome, the call raises BackendUnavailable (outcome
+        unknown) instead of reporting it.
+        """
         await self._prepare(op)
         attempt = 0
         dead = 0
@@ -471,7 +491,12 @@ class PostgresLeaseProvider:
                     rows = await cur.fetchall() if cur.description is not None else []
                     if not conn.autocommit:
                         await conn.commit()
-                    return rows
+                if attempt and definite is not None and not definite(rows):
+                    raise BackendUnavailable(
+                        f"{op}: the connection broke during the call and the retry "
+                        "cannot tell whether the first attempt was applied (outcome unknown)"
+                    )
+                return rows
             except PoolTimeout as exc:
                 raise self._unavailable(op, exc, detail=await self._diagnose()) from exc
             except psycopg.Error as exc:
@@ -520,6 +545,7 @@ class PostgresLeaseProvider:
             self._q_acquire,
             {"key": key.encode(), "owner": wanted, "ttl_ms": ttl_ms},
             retry=True,
+            definite=lambda rows: bool(rows) and rows[0][0] == wanted,
         )
         holder, token = rows[0]
         if holder == wanted:
@@ -553,6 +579,7 @@ class PostgresLeaseProvider:
             self._q_renew,
             {"key": key.encode(), "owner": owner.encode(), "ttl_ms": ttl_ms},
             retry=True,
+            definite=bool,
         )
         return bool(rows)
 
@@ -612,6 +639,7 @@ class PostgresLeaseProvider:
             self._q_renew_many,
             {"keys": unique, "owner": owner.encode(), "ttl_ms": ttl_ms},
             retry=True,
+            definite=lambda rows: len(rows) == len(unique),
         )
         renewed = {bytes(key) for (key,) in rows}
         return [key in renewed for key in encoded]
