@@ -7,6 +7,7 @@ good and bad, so a PASS means something: each planted fault must turn it to FAIL
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -29,6 +30,8 @@ from tenure._demo_evidence import (
     read_new_lines,
 )
 from tenure.cli import main
+
+from .redis.helpers import delete_prefix
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 
@@ -72,6 +75,38 @@ def test_demo_passes_with_a_kill_on_sqlite(tmp_path: Path) -> None:
     assert "backend: sqlite:///" in out
     # Not a terminal: plain progress lines, no live-view escape codes.
     assert "\x1b[" not in out
+
+
+@pytest.mark.slow
+def test_demo_passes_with_a_kill_on_redis(tmp_path: Path, redis_url: str, unique: str) -> None:
+    """The run that used to lose signals on Redis: a signal that reached a session
+    while it was closing stayed with that session's consumer (and its reader, whose
+    cancellation redis-py sometimes dropped, could not be stopped)."""
+    prefix = f"tenure-test-{unique}:"
+    separator = "&" if "?" in redis_url else "?"
+    try:
+        proc = _run_cli(
+            "demo",
+            "--workers=3",
+            "--signals=60",
+            "--seed=2",
+            f"--url={redis_url}{separator}prefix={prefix}",
+            "--keep",  # the worker logs are checked below (under tmp_path, removed with it)
+            tmp_path=tmp_path,
+        )
+    finally:
+        asyncio.run(delete_prefix(redis_url, prefix))
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "VERDICT: PASS" in out
+    assert "[FAIL]" not in out
+    assert re.search(r"SIGKILL w\d \(pid \d+\) holding thread-\d", out), out
+    assert f"prefix={prefix}" in out
+    # No worker logged an unsubscribe that outlived its timeout.
+    log_files = sorted(tmp_path.rglob("tenure-demo-*/w*.log"))
+    assert len(log_files) == 3, log_files
+    logs = "".join(p.read_text() for p in log_files)
+    assert "takes longer than" not in logs, logs
 
 
 @pytest.mark.slow

@@ -286,6 +286,7 @@ async def test_reader_recovers_entries_whose_reply_was_lost(
     # Entries handed to the consumer whose reply never arrived: pending, unread.
     server.command("XREADGROUP", "GROUP", sub.group, sub.consumer, "STREAMS", stream, ">")
     sent.append(await publisher.publish("t", Event(type="t", data=3)))
+    sub.stopped = False  # unsubscribe stopped it; it is revived by hand
     sub.task = asyncio.get_running_loop().create_task(backend._read_loop(sub))
     backend._subs["t"] = {callback: sub}
     await eventually(lambda: len(got) == 1)  # entry 3, read with ">"; now blocked reading

@@ -198,3 +198,134 @@ async def test_flush_waits_for_local_handling(clients: tuple[Factory, str]) -> N
         await backend.publish("t", Event(type="t", data=i))
     await backend.flush()
     assert done == list(range(10))
+
+
+async def consumers_of(redis_url: str, stream: bytes, group: str) -> list[bytes]:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        return [c["name"] for c in await client.xinfo_consumers(stream, group)]
+    finally:
+        await client.aclose()
+
+
+def holder(into: list[Event]) -> Callable[[Event], Awaitable[None]]:
+    """A member that takes an event and never finishes it (until unsubscribed)."""
+
+    async def callback(event: Event) -> None:
+        into.append(event)
+        await asyncio.Event().wait()
+
+    return callback
+
+
+@pytest.mark.asyncio
+async def test_a_leaving_member_hands_its_unfinished_events_to_a_live_member_at_once(
+    clients: tuple[Factory, str], redis_url: str
+) -> None:
+    make, prefix = clients
+    # claim_idle_ms far beyond the test's waits: only the hand-back can move the events.
+    leaving, staying, publisher = make(), make(claim_idle_ms=600_000), make()
+    held: list[Event] = []
+    got: list[Event] = []
+    cb = holder(held)
+    await leaving.subscribe("jobs", cb, group="g")
+    sent = [await publisher.publish("jobs", Event(type="t", data=i)) for i in range(5)]
+    await eventually(lambda: len(held) == 1)
+    await staying.subscribe("jobs", collector(got), group="g")
+    await asyncio.sleep(0.5)
+    assert held[0].id not in {e.id for e in got}  # still with the leaving member
+    await leaving.unsubscribe("jobs", cb)
+    await eventually(lambda: len(got) >= 5, timeout=15)
+    await asyncio.sleep(0.3)
+    assert sorted(e.data for e in got) == [0, 1, 2, 3, 4]  # nothing lost, nothing twice
+    assert {e.id for e in got} == {e.id for e in sent}
+    # The delivery that was never finished does not count as an attempt.
+    assert all(e.attempt == 1 for e in got)
+    stream = f"{prefix}{{jobs}}:stream".encode()
+    names = await consumers_of(redis_url, stream, "g:g")
+    assert len(names) == 2  # the member that stays, and the placeholder of handed-back events
+    assert b"tenure.returned" in names
+
+
+@pytest.mark.asyncio
+async def test_a_member_that_joins_after_one_left_starts_with_its_unfinished_events(
+    clients: tuple[Factory, str],
+) -> None:
+    make, _ = clients
+    leaving, publisher = make(), make()
+    held: list[Event] = []
+    cb = holder(held)
+    await leaving.subscribe("jobs", cb, group="g")
+    sent = await publisher.publish("jobs", Event(type="t", data="unfinished"))
+    await eventually(lambda: len(held) == 1)
+    await leaving.unsubscribe("jobs", cb)
+    got: list[Event] = []
+    joining = make(claim_idle_ms=600_000)
+    await joining.subscribe("jobs", collector(got), group="g")
+    await eventually(lambda: len(got) == 1, timeout=10)
+    assert (got[0].id, got[0].attempt) == (sent.id, 1)
+
+
+@pytest.mark.asyncio
+async def test_closing_the_backend_also_hands_unfinished_events_back(
+    clients: tuple[Factory, str],
+) -> None:
+    make, _ = clients
+    leaving, publisher = make(), make()
+    held: list[Event] = []
+    await leaving.subscribe("jobs", holder(held), group="g")
+    sent = await publisher.publish("jobs", Event(type="t", data="unfinished"))
+    await eventually(lambda: len(held) == 1)
+    await leaving.aclose()
+    got: list[Event] = []
+    joining = make(claim_idle_ms=600_000)
+    await joining.subscribe("jobs", collector(got), group="g")
+    await eventually(lambda: len(got) == 1, timeout=10)
+    assert got[0].id == sent.id
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_command_is_never_reported_as_completed(
+    clients: tuple[Factory, str], unique: str
+) -> None:
+    """redis-py sends commands inside ``asyncio.wait_for``, which on Python 3.11 drops
+    a cancellation arriving in the loop turn after the send. The backend must raise it
+    anyway: a subscription reader that missed it went on reading (and taking events)
+    for ever, and ``unsubscribe`` never returned. The command blocks for 2 s unless
+    cancelled, and the cancel is tried at every loop turn of the send's window."""
+    make, _ = clients
+    backend = make()
+    client = backend._client
+    await backend._io(client.ping)  # warm: connect outside the swept turns
+    key = f"tenure-test-{unique}:none"
+    for turns in range(12):
+        call = asyncio.ensure_future(
+            backend._io(client.execute_command, "BLPOP", key, 2, blocking=True)
+        )
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        call.cancel()
+        outcome = (await asyncio.gather(call, return_exceptions=True))[0]
+        assert isinstance(outcome, asyncio.CancelledError), (turns, outcome)
+
+
+@pytest.mark.asyncio
+async def test_unsubscribe_returns_whenever_it_interrupts_the_reader(
+    clients: tuple[Factory, str],
+) -> None:
+    """Unsubscribe at every loop turn after an event reached the callback, so it
+    catches the reader in each step (acknowledging, reading again)."""
+    make, _ = clients
+    backend, publisher = make(), make()
+    for turns in range(15):
+        got = asyncio.Event()
+
+        async def callback(event: Event, got: asyncio.Event = got) -> None:
+            got.set()
+
+        await backend.subscribe("t", callback, group="g")
+        await publisher.publish("t", Event(type="t", data=turns))
+        await asyncio.wait_for(got.wait(), 10)
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        await asyncio.wait_for(backend.unsubscribe("t", callback), 10)

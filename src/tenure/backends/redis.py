@@ -16,7 +16,7 @@ import uuid
 import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -100,6 +100,51 @@ _RENEW = _load_script("renew")
 _RELEASE = _load_script("release")
 _TRANSFER = _load_script("transfer")
 _GET = _load_script("get")
+
+
+def _inline_script(name: str, body: str) -> _Script:
+    raw = body.encode("utf-8")
+    return _Script(name, raw, hashlib.sha1(raw).hexdigest())
+
+
+# Hand a leaving member's unacknowledged entries back to its group, in one atomic
+# step: each is moved to the placeholder consumer ARGV[3] with an idle time of
+# ARGV[4] ms (so every member's next reclaim takes it at once) and its delivery
+# count lowered by one (the delivery that nobody finished is not counted, as
+# on the other backends); then the member ARGV[2] of group ARGV[1] is deleted.
+# Walks the member's pending list by id, so it ends even if an entry cannot move.
+# Returns how many entries were handed back.
+_HAND_BACK = _inline_script(
+    "hand_back",
+    """
+local start, moved = '-', 0
+while true do
+  local pending = redis.call('XPENDING', KEYS[1], ARGV[1], start, '+', 100, ARGV[2])
+  if #pending == 0 then
+    break
+  end
+  for _, entry in ipairs(pending) do
+    local count = tonumber(entry[4]) - 1
+    if count < 0 then
+      count = 0
+    end
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, entry[1],
+               'IDLE', ARGV[4], 'RETRYCOUNT', count, 'JUSTID')
+    moved = moved + 1
+    start = '(' .. entry[1]
+  end
+end
+redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+return moved
+""",
+)
+# The consumer that holds handed-back entries until a member reclaims them. Real
+# members are named "<instance hex>-<n>", so it cannot collide with one.
+_RETURNED = b"tenure.returned"
+# Idle time given to handed-back entries: far above any sensible claim_idle_ms,
+# yet below the server's clock in ms (Redis ignores an IDLE that would place the
+# delivery before the epoch).
+_RETURNED_IDLE_MS = 10 * 365 * 24 * 3600 * 1000
 
 
 def _tag(name: str) -> bytes:
@@ -322,7 +367,8 @@ class _Sub:
     consumer: str
     fanout: bool
     task: asyncio.Task[None] | None = None
-    handling: set[bytes] = field(default_factory=set)
+    # Set by unsubscribe: from then on the reader hands nothing to the callback.
+    stopped: bool = False
 
 
 class RedisStreamsPubSub(PubSub):
@@ -413,8 +459,11 @@ class RedisStreamsPubSub(PubSub):
     event is acknowledged, dropped and logged at ERROR. Events a dead member
     of a group never acknowledged are claimed by a live member after
     ``claim_idle_ms`` (default 30 000) idle, with ``attempt`` = deliveries so
-    far + 1. Delivery is at least once: a callback slower than
-    ``claim_idle_ms`` can see its event handed to another member too.
+    far + 1. Events a member had not acknowledged when it unsubscribed (or
+    its backend was closed) are handed back to the group at once and taken by
+    the next member that looks (see :meth:`unsubscribe`). Delivery is at
+    least once: a callback slower than ``claim_idle_ms`` can see its event
+    handed to another member too.
     """
 
     def __init__(
@@ -589,10 +638,14 @@ class RedisStreamsPubSub(PubSub):
         async with self._prepare_lock:
             if self._ready:
                 return
+            task = asyncio.current_task()
+            cancels = 0 if task is None else task.cancelling()
             try:
                 info = await self._client.info("memory")
             except (RedisError, OSError) as exc:
                 raise self._unavailable(exc) from exc
+            if task is not None and task.cancelling() > cancels:
+                raise asyncio.CancelledError  # lost by redis-py: see ``_io``
             policy = str(info.get("maxmemory_policy", "unknown"))
             if policy not in _EVICTING_POLICIES_OK:
                 message = (
@@ -630,18 +683,32 @@ class RedisStreamsPubSub(PubSub):
 
         ``blocking`` calls (a reader's ``XREADGROUP … BLOCK``) hold their
         connection for long, so they do not take one of the command slots.
+
+        A cancellation of the calling task that redis-py lost is raised once
+        the call has returned: redis-py sends each command inside
+        ``asyncio.wait_for``, which on Python 3.11 drops a cancellation that
+        arrives just as the send completes, and then carries on reading the
+        reply (for ``XREADGROUP … BLOCK``, for up to ``block_ms``). Without
+        this a cancelled reader could go on reading, and taking entries, for
+        ever.
         """
+        task = asyncio.current_task()
+        cancels = 0 if task is None else task.cancelling()
         if not self._ready:
             await self._prepare()
         if self._config_error is not None:
             raise self._config_error
         try:
             if blocking:
-                return await method(*args, **kwargs)
-            async with self._slots:
-                return await method(*args, **kwargs)
+                result = await method(*args, **kwargs)
+            else:
+                async with self._slots:
+                    result = await method(*args, **kwargs)
         except (RedisError, OSError) as exc:
             raise self._unavailable(exc) from exc
+        if task is not None and task.cancelling() > cancels:
+            raise asyncio.CancelledError
+        return result
 
     async def _eval(self, script: _Script, keys: Sequence[bytes], args: Sequence[Any]) -> Any:
         if not self._ready:
@@ -967,8 +1034,16 @@ class RedisStreamsPubSub(PubSub):
     async def unsubscribe(self, topic: str, callback: Callback) -> None:
         """Stop ``callback``; a fan-out subscription's private group is destroyed.
 
-        An event being handled at that moment stays pending: in a named group
-        another member claims it after ``claim_idle_ms``.
+        In a named group, the events this member was given but had not
+        acknowledged (one being handled at that moment, or read but not yet
+        handed to the callback) are handed back to the group before this
+        returns: each member reclaims them at its next look (when it
+        subscribes, then at least every ``min(block_ms, claim_idle_ms / 2)``),
+        without waiting for ``claim_idle_ms``, and with the delivery that was
+        not finished not counted in ``attempt``. The member is then removed
+        from the group. Raises :class:`BackendUnavailable` if Redis could not
+        be reached; the events then stay with this member until another one
+        claims them after ``claim_idle_ms``.
         """
         check_name(topic, "topic")
         self._check_open()
@@ -983,21 +1058,48 @@ class RedisStreamsPubSub(PubSub):
 
     @staticmethod
     async def _stop(sub: _Sub) -> None:
-        if sub.task is not None:
-            sub.task.cancel()
-            await asyncio.gather(sub.task, return_exceptions=True)
+        """End the reader of ``sub``; when this returns it takes no more entries."""
+        sub.stopped = True
+        task = sub.task
+        if task is None:
+            return
+        # One cancel is not always enough: redis-py can lose it (see ``_io``), and
+        # a callback can swallow it. Cancel again until the reader has ended; it
+        # also checks ``stopped`` between steps.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait([task], timeout=0.1)
+        await asyncio.gather(task, return_exceptions=True)
 
     async def _retire(self, sub: _Sub) -> None:
+        """Remove a stopped subscription's trace: its private group, or its member.
+
+        A group member's unacknowledged entries are handed back to the group
+        first (see ``unsubscribe``), in the same script that deletes the
+        member, so none is dropped with it.
+        """
         client = self._client
         if sub.fanout:
             await self._io(client.xgroup_destroy, sub.stream, sub.group)
             return
-        # A consumer still holding events stays, so another member can claim them.
-        pending = await self._io(
-            client.xpending_range, sub.stream, sub.group, "-", "+", 1, sub.consumer
-        )
-        if not pending:
-            await self._io(client.xgroup_delconsumer, sub.stream, sub.group, sub.consumer)
+        try:
+            moved = await self._eval(
+                _HAND_BACK,
+                (sub.stream,),
+                (sub.group, sub.consumer, _RETURNED, _RETURNED_IDLE_MS),
+            )
+        except BackendUnavailable as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ResponseError) and "NOGROUP" in str(cause):
+                return  # the group is gone, and with it whatever it held
+            raise
+        if moved:
+            logger.debug(
+                "topic %r: handed %d unacknowledged events back to group %r",
+                sub.topic,
+                moved,
+                sub.group,
+            )
 
     async def flush(self) -> None:
         """Wait until local subscribers are done with what this instance published.
@@ -1045,14 +1147,17 @@ class RedisStreamsPubSub(PubSub):
         client = self._client
         backoff = 0.05
         next_claim = loop.time()
+        # Entries handed back by a leaving member are claimable at once: look for
+        # them at least once per blocking read, not only every claim_idle_ms / 2.
+        claim_every = min(self._claim_idle_ms / 2000, self._block_ms / 1000)
         # After a failure, first re-read this consumer's own pending entries: a
         # lost XREADGROUP reply or XACK leaves them there, and ">" never
         # returns them again.
         history = False
-        while True:
+        while not sub.stopped:
             try:
                 if not sub.fanout and loop.time() >= next_claim:
-                    next_claim = loop.time() + self._claim_idle_ms / 2000
+                    next_claim = loop.time() + claim_every
                     await self._reclaim(sub)
                 if history:
                     await self._redeliver_own(sub)
@@ -1130,6 +1235,8 @@ class RedisStreamsPubSub(PubSub):
             await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
 
     async def _handle(self, sub: _Sub, entry_id: bytes, fields: Any, attempt: int) -> None:
+        if sub.stopped:
+            return  # left pending: unsubscribe hands it back to the group
         client = self._client
         raw = fields.get(b"e") if isinstance(fields, dict) else None
         event: Event | None = None
@@ -1199,12 +1306,11 @@ class RedisStreamsPubSub(PubSub):
         subs = [s for topic in self._subs.values() for s in topic.values()]
         self._subs.clear()
         listener, self._listener = self._listener, None
-        tasks = [s.task for s in subs if s.task is not None]
         if listener is not None:
-            tasks.append(listener)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            listener.cancel()
+        await asyncio.gather(*(self._stop(sub) for sub in subs))
+        if listener is not None:
+            await asyncio.gather(listener, return_exceptions=True)
         self._waiters.wake_all()
         if subs and self._ready and self._config_error is None:
             # Best effort: a dead server must not hold up closing.

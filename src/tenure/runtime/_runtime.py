@@ -43,7 +43,11 @@ the key is never free in between and the fencing token increases.
 *close marker* to the thread's own topic and keeps reading until it reads the
 marker back: every signal published before the marker reaches this session and
 starts a new run (hand-over) instead of being stranded. Only then does it
-unsubscribe and release. A signal published after the marker but whose sender
+unsubscribe and release, renewing the lease until the unsubscribe is done: a
+signal delivered to it after the marker is not run by it, and the backend's
+``unsubscribe`` hands it back to the group (SQLite, Redis and memory do so at
+once), so the next session, which can only start after the release, reads it
+when it subscribes. A signal published after the marker but whose sender
 lost the acquire race against the still-held lease is covered by the sender:
 a sender whose outcome is ``"deliver"`` *watches* the thread (one watcher per
 thread per process) until a session that started after its publish exists. It
@@ -55,14 +59,21 @@ the dead owner never acknowledged.
 *Losing the lease.* When a renewal is refused, or fails until less than one
 renew interval would be left, the run is told (``run.lost`` is set, a
 ``"lost"`` event is emitted) and, by default, its handler task is cancelled.
-Unacknowledged signals go back to the log for the next owner.
+Unacknowledged signals go back to the log for the next owner. As the next
+owner may have subscribed before they went back, the process that lost the
+lease then watches the thread until a session that started after that exists
+(the same when an ``unsubscribe`` outlived ``unsubscribe_timeout``: once it
+finishes).
 
 *Backend settings.* Signals a dead or paused owner never acknowledged come back
 only when the backend redelivers them: after SQLite's ``visibility_timeout`` or
 Redis's ``claim_idle_ms`` (both 30 s by default). Set them at or below the lease
 TTL for a takeover to start with those signals within TTL + renew interval. A
 backend ``unsubscribe`` that hangs is waited for at most ``unsubscribe_timeout``
-seconds before the session releases its lease anyway.
+seconds before the session releases its lease anyway. A backend whose
+``unsubscribe`` leaves the signals a member had not acknowledged with that
+member (instead of handing them back to the group) delays them by its
+redelivery timeout as well.
 
 *Backends.* On a durable backend (SQLite, Redis Streams, or any ``PubSub`` whose
 groups redeliver what a dead consumer never acknowledged) this works across
@@ -75,9 +86,7 @@ Known limits: a signal whose sender process dies between publishing it and a
 session reading it, while no other process watches the thread, waits in the log
 until the next signal to that thread; after a crash, signals the dead owner had
 read but not acknowledged may come back after newer ones (the backend's reclaim
-decides when); a signal that arrives in the instant between an owner reading its
-close marker and unsubscribing stays with that owner's consumer until the
-backend redelivers it (the timeouts above); a backend that loses its groups
+decides when); a backend that loses its groups
 (a Redis restart without persistence) loses the signals published before a
 session recreates them; the handler of a signal it fails on (raises) gets it
 again at most the backend's ``max_attempts`` times.
@@ -267,6 +276,8 @@ class _Session:
         self.marker_seen = asyncio.Event()
         self.closing = False
         self.done = False
+        # Set once the session stops renewing, right before it releases the lease.
+        self.releasing = False
         self.late_send = False
         self.lease_lock = asyncio.Lock()
         self.last_renewed = time.monotonic()
@@ -370,12 +381,17 @@ class _Session:
                     self.run_id = _run_of(opened) or opened
                     self.last_renewed = time.monotonic()
                     self.token = await rt.read_token(self.lease_key, opened)
-        except BaseException:
+        except BaseException as exc:
             self.done = True
             with contextlib.suppress(TenureError):
                 if self.subscribed:
                     await rt.log.unsubscribe(self.topic, self.on_event)
                 await rt.provider.release_lease(self.lease_key, self.owner)
+            if self.subscribed and not self.lost.is_set():
+                # What the subscription read went back to the group, maybe after the
+                # next owner looked: count it as lost so a newer session is watched for.
+                self.lost_reason = f"failed while opening: {exc!r}"
+                self.lost.set()
             rt.session_ended(self)
             raise
 
@@ -541,7 +557,9 @@ class _Session:
         while True:
             await asyncio.sleep(delay)
             async with self.lease_lock:
-                if self.lost.is_set() or self.done:
+                # Renewals go on while a closing session unsubscribes: its unfinished
+                # signals must be back in the group before anyone else can own the thread.
+                if self.lost.is_set() or self.releasing:
                     return
                 started = time.monotonic()
                 try:
@@ -564,7 +582,7 @@ class _Session:
                 delay = min(every, 0.2)
 
     def _lose(self, reason: str) -> None:
-        if self.lost.is_set() or self.done:
+        if self.lost.is_set() or self.releasing:
             return
         self.lost_reason = reason
         self.lost.set()
@@ -578,15 +596,19 @@ class _Session:
     async def _cleanup(self) -> None:
         rt = self.rt
         self.done = True
-        if self.renew_task is not None:
-            self.renew_task.cancel()
-            await asyncio.gather(self.renew_task, return_exceptions=True)
         while self.buffer:
             _settle(self.buffer.popleft(), "abandon")
         for pending in list(self.inflight.values()):
             _settle(pending, "abandon")
         if self.subscribed:
-            await rt.unsubscribe(self.topic, self.on_event)
+            # The backend hands the signals this session had not acknowledged back to
+            # the group here; the lease is still held (and renewed) meanwhile, so the
+            # next session, which subscribes after our release, finds them at once.
+            await rt.unsubscribe(self.topic, self.on_event, self.thread_key)
+        self.releasing = True
+        if self.renew_task is not None:
+            self.renew_task.cancel()
+            await asyncio.gather(self.renew_task, return_exceptions=True)
         released = False
         try:
             async with self.lease_lock:
@@ -941,12 +963,15 @@ class ThreadRuntime:
         session.start()
         return session, session.owner
 
-    async def unsubscribe(self, topic: str, callback: Any) -> None:
+    async def unsubscribe(self, topic: str, callback: Any, thread_key: str) -> None:
         """Unsubscribe, waiting at most ``unsubscribe_timeout`` seconds.
 
         A session must not keep its thread's lease hostage to a backend whose
         unsubscribe hangs: after the timeout the unsubscribe goes on in the
         background and the session carries on (its callback takes nothing more).
+        The signals the backend hands back to the group when it finishes may
+        then come after the next session looked for them, so once it finishes
+        the thread is watched until a session that starts after that exists.
         """
         task = self._spawn(self._unsubscribe(topic, callback), f"tenure-unsubscribe-{topic!r}")
         await asyncio.wait([task], timeout=self.unsubscribe_timeout)
@@ -956,6 +981,16 @@ class ThreadRuntime:
                 topic,
                 self.unsubscribe_timeout,
             )
+            task.add_done_callback(lambda _: self._watch_after_hand_back(thread_key))
+
+    def _watch_after_hand_back(self, thread_key: str) -> None:
+        """Watch ``thread_key`` until a session that starts from now on exists."""
+        if self._closed:
+            return
+        # A local session now open started before the hand-back: wait for the next.
+        local = self._sessions.get(thread_key)
+        self._watch(thread_key, None if local is None else local.owner)
+        self._watches[thread_key].poke.set()
 
     async def _unsubscribe(self, topic: str, callback: Any) -> None:
         try:
@@ -1032,10 +1067,15 @@ class ThreadRuntime:
         if self._closed:
             return
         watch = self._watches.get(session.thread_key)
-        if watch is not None:
+        if session.lost.is_set():
+            # The lease was lost, so another session may have subscribed (and looked
+            # for unfinished signals) before ours were handed back when we
+            # unsubscribed: watch until a session that starts after now exists.
+            self._watch_after_hand_back(session.thread_key)
+        elif watch is not None:
             watch.poke.set()
-        elif session.late_send or session.lost.is_set():
-            # A local send slipped in after the close marker, or the lease was lost with
-            # signals possibly unread: make sure some session reads them.
+        elif session.late_send:
+            # A local send slipped in after the close marker: make sure some session
+            # reads it.
             self._watch(session.thread_key, session.owner)
             self._watches[session.thread_key].poke.set()

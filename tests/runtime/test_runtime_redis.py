@@ -1,0 +1,108 @@
+"""The thread runtime on Redis, in one process: a session that closes while a signal arrives.
+
+Two runtimes on two backends (two Redis clients, one key prefix) stand for two
+processes. The backends' ``claim_idle_ms`` is far beyond the test's waits, so a
+signal can only reach the next owner if the closing session hands it back when it
+unsubscribes (not through Redis's idle-entry reclaim).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tenure import Event, ThreadRun, ThreadRuntime
+from tenure.backends.redis import RedisStreamsPubSub
+from tenure.testing import eventually
+
+from ..redis.helpers import delete_prefix
+
+NEVER_MS = 600_000
+
+
+class SlowUnsubscribe:
+    """A Redis backend whose ``unsubscribe`` starts ``delay`` seconds late (a loaded server).
+
+    Meanwhile the subscription goes on reading, so a signal published then is
+    delivered to a session that has already decided to close.
+    """
+
+    def __init__(self, inner: RedisStreamsPubSub, delay: float) -> None:
+        self.inner = inner
+        self.delay = delay
+        self.unsubscribing = asyncio.Event()
+
+    def get_lease_provider(self) -> RedisStreamsPubSub:
+        return self.inner
+
+    async def publish(self, topic: str, event: Event) -> Event:
+        return await self.inner.publish(topic, event)
+
+    async def subscribe(self, topic: str, callback: Any, *, group: str | None = None) -> None:
+        await self.inner.subscribe(topic, callback, group=group)
+
+    async def unsubscribe(self, topic: str, callback: Any) -> None:
+        self.unsubscribing.set()
+        await asyncio.sleep(self.delay)
+        await self.inner.unsubscribe(topic, callback)
+
+    async def flush(self) -> None:
+        await self.inner.flush()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest_asyncio.fixture
+async def prefix(redis_url: str, unique: str) -> AsyncIterator[str]:
+    name = f"tenure-test-{unique}:"
+    try:
+        yield name
+    finally:
+        await delete_prefix(redis_url, name)
+
+
+@pytest.mark.asyncio
+async def test_a_signal_that_reaches_a_closing_session_is_run_by_the_next_owner(
+    redis_url: str, prefix: str
+) -> None:
+    def backend() -> RedisStreamsPubSub:
+        return RedisStreamsPubSub.from_url(
+            redis_url, prefix=prefix, quarantine=False, claim_idle_ms=NEVER_MS
+        )
+
+    handled: list[tuple[str, Any]] = []
+
+    def handler(name: str) -> Any:
+        async def handle(run: ThreadRun) -> None:
+            handled.extend([(name, signal.payload) async for signal in run.signals()])
+
+        return handle
+
+    # The owner's unsubscribe takes three lease TTLs: its lease must stay held (and
+    # renewed) until its unfinished signal is back in the group, or the other
+    # runtime would open a session, find nothing, and leave the signal stranded.
+    slow = SlowUnsubscribe(backend(), delay=3.0)
+    fast = backend()
+    options: dict[str, Any] = {"ttl_ms": 1000, "idle_timeout": 0.3}
+    try:
+        async with (
+            ThreadRuntime(slow, handler("owner"), process_id="owner", **options) as owner,
+            ThreadRuntime(fast, handler("other"), process_id="other", **options) as other,
+        ):
+            first = await owner.send_signal("thread", "first")
+            assert first.outcome == "wake"
+            await eventually(lambda: ("owner", "first") in handled)
+            # The owner's session read its close marker and is now unsubscribing.
+            await asyncio.wait_for(slow.unsubscribing.wait(), 10)
+            late = await other.send_signal("thread", "late")
+            assert late.outcome == "deliver"  # the closing session still held the thread
+            await eventually(lambda: ("other", "late") in handled, timeout=15)
+            assert [p for _, p in handled] == ["first", "late"]
+    finally:
+        await slow.aclose()
+        await fast.aclose()
