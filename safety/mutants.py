@@ -25,7 +25,7 @@ from typing import Any
 import tenure
 from tenure import AcquireResult
 from tenure._validate import check_name, check_ttl
-from tenure.backends.memory import MemoryPubSub, _Lease
+from tenure.backends.memory import _DEADLINE, _OWNER, _TOKEN, MemoryPubSub, _granted
 
 __all__ = ["BACKEND_MUTANTS", "MUTANTS", "mutants_for", "open_backend"]
 
@@ -64,6 +64,11 @@ def mutants_for(kind: str) -> tuple[str, ...]:
 class _MemoryMutant(MemoryPubSub):
     mutant = ""
 
+    def _store(self, key: str, owner: str, token: int, deadline: float) -> AcquireResult:
+        grant = _granted(owner, token)
+        self._leases[key] = [deadline, owner, token, grant]
+        return grant
+
     async def release_lease(self, key: str, owner: str) -> None:
         if self.mutant != "release-plain-delete":
             return await super().release_lease(key, owner)
@@ -77,32 +82,30 @@ class _MemoryMutant(MemoryPubSub):
         lease = self._live(key, now)
         if lease is None:
             return False
-        lease.deadline = now + ttl_ms / 1000  # BUG: extends whoever holds it
+        lease[_DEADLINE] = now + ttl_ms / 1000  # BUG: extends whoever holds it
         return True
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
         if self.mutant == "acquire-read-then-write":
             lease = self._live(key, self._clock())
-            if lease is not None and lease.owner != owner:
-                return AcquireResult(False, lease.owner, None)
+            if lease is not None and lease[_OWNER] != owner:
+                return AcquireResult(False, lease[_OWNER], None)
             await _race_window(ttl_ms)  # BUG: the write does not re-check the read
             self._last_token += 1
             now = self._clock()
-            self._leases[key] = _Lease(owner, self._last_token, now + ttl_ms / 1000)
-            return AcquireResult(True, owner, self._last_token)
+            return self._store(key, owner, self._last_token, now + ttl_ms / 1000)
         if self.mutant == "token-outside-atomic":
             token = self._last_token + 1  # BUG: token taken before, apart from the grant
             await _race_window(ttl_ms)
             now = self._clock()
             lease = self._live(key, now)
-            if lease is not None and lease.owner != owner:
-                return AcquireResult(False, lease.owner, None)
+            if lease is not None and lease[_OWNER] != owner:
+                return AcquireResult(False, lease[_OWNER], None)
             if lease is not None:
-                lease.deadline = now + ttl_ms / 1000
-                return AcquireResult(True, owner, lease.token)
+                lease[_DEADLINE] = now + ttl_ms / 1000
+                return AcquireResult(True, owner, lease[_TOKEN])
             self._last_token = max(self._last_token, token)
-            self._leases[key] = _Lease(owner, token, now + ttl_ms / 1000)
-            return AcquireResult(True, owner, token)
+            return self._store(key, owner, token, now + ttl_ms / 1000)
         return await super().acquire_lease(key, owner, ttl_ms)
 
 
