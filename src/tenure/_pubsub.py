@@ -8,10 +8,10 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from ._errors import InvalidArgument
+from ._lifecycle import AsyncCloseable
 from ._validate import check_name
 
 __all__ = ["Callback", "Event", "PubSub", "check_callback", "check_group", "prepare_event"]
@@ -94,7 +94,7 @@ def check_group(group: Any) -> str | None:
     return None if group is None else check_name(group, "group")
 
 
-class PubSub(abc.ABC):
+class PubSub(AsyncCloseable, abc.ABC):
     """Publish events to topics; deliver them to subscribers.
 
     Without a ``group`` every subscriber gets every event (fan-out). Subscribers
@@ -122,14 +122,3 @@ class PubSub(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Stop delivery and release every resource; later calls raise ``BackendClosed``."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

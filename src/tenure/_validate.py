@@ -6,6 +6,7 @@ the messages are the same everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ._errors import InvalidArgument
@@ -15,6 +16,7 @@ __all__ = [
     "MAX_TTL_MS",
     "check_key_owner",
     "check_key_owner_ttl",
+    "check_keys",
     "check_name",
     "check_timeout",
     "check_ttl",
@@ -101,3 +103,13 @@ def check_key_owner_ttl(key: Any, owner: Any, ttl_ms: Any) -> None:
         check_name(key, "key")
         check_name(owner, "owner")
         check_ttl(ttl_ms)
+
+
+def check_keys(keys: Any, arg: str = "keys") -> list[str]:
+    """``keys`` as a list of valid keys (for batch calls), else raise :class:`InvalidArgument`.
+
+    A ``str`` is refused rather than read as a sequence of one-character keys.
+    """
+    if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+        raise InvalidArgument(f"{arg} must be a sequence of str, got {type(keys).__name__}")
+    return [check_name(key, "key") for key in keys]

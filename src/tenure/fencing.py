@@ -28,10 +28,10 @@ import asyncio
 import json
 import re
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from ._errors import BackendClosed, BackendUnavailable, InvalidArgument
+from ._lifecycle import AsyncCloseable
 from ._url import redact_url
 from ._validate import check_name
 
@@ -59,7 +59,7 @@ def _check_token(token: Any) -> int:
     return token
 
 
-class FencedStore(abc.ABC):
+class FencedStore(AsyncCloseable, abc.ABC):
     """A store that rejects writes carrying a token lower than the highest it has seen for the key.
 
     ``write`` applies the value when ``token`` is at least the highest token
@@ -76,19 +76,8 @@ class FencedStore(abc.ABC):
     async def read(self, key: str) -> FencedValue | None:
         """The current value and the token that wrote it, or None if never written."""
 
-    async def aclose(self) -> None:  # noqa: B027 - optional: most stores hold nothing
+    async def aclose(self) -> None:
         """Release the store's resources."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 class MemoryFencedStore(FencedStore):

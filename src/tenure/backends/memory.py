@@ -22,6 +22,7 @@ from .._pubsub import Callback, Event, PubSub, check_callback, check_group, prep
 from .._validate import (
     check_key_owner,
     check_key_owner_ttl,
+    check_keys,
     check_name,
     check_timeout,
     check_ttl,
@@ -210,8 +211,7 @@ class MemoryPubSub(PubSub):
 
     async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
         """Renew many of ``owner``'s leases at once; one ``bool`` per key, in order."""
-        for key in keys:
-            check_name(key, "key")
+        keys = check_keys(keys)
         check_name(owner, "owner")
         check_ttl(ttl_ms)
         self._check_open()

@@ -16,8 +16,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -27,7 +26,8 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from .._contract import AcquireResult, LeaseRecord
 from .._errors import BackendClosed, BackendUnavailable, ConfigurationError, InvalidArgument
-from .._validate import check_name, check_timeout, check_ttl
+from .._lifecycle import AsyncCloseable
+from .._validate import check_keys, check_name, check_timeout, check_ttl
 from .._waiters import KeyWaiters
 
 __all__ = ["PostgresLeaseProvider"]
@@ -148,7 +148,7 @@ def _usable(conn: psycopg.AsyncConnection[Any]) -> bool:
     return pgconn.transaction_status == pq.TransactionStatus.IDLE
 
 
-class PostgresLeaseProvider:
+class PostgresLeaseProvider(AsyncCloseable):
     """Leases in a PostgreSQL table (``postgresql://`` or ``postgres://``).
 
     **Guarantees.** Each operation is one statement (``INSERT … ON CONFLICT …
@@ -621,10 +621,7 @@ class PostgresLeaseProvider:
 
         A key given twice gets the same answer twice.
         """
-        if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
-            raise InvalidArgument(f"keys must be a sequence of str, got {type(keys).__name__}")
-        for key in keys:
-            check_name(key, "key")
+        keys = check_keys(keys)
         check_name(owner, "owner")
         ttl_ms = check_ttl(ttl_ms)
         self._check_open()
@@ -741,17 +738,6 @@ class PostgresLeaseProvider:
         if self._owns_pool:
             await self._pool.close()
         self._waiters.wake_all()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         if getattr(self, "_opened", False) and not getattr(self, "_closed", True):

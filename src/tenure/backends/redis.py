@@ -32,7 +32,7 @@ from .._contract import AcquireResult, LeaseRecord
 from .._errors import BackendClosed, BackendUnavailable, ConfigurationError, InvalidArgument
 from .._pubsub import Callback, Event, PubSub, check_callback, check_group, prepare_event
 from .._url import redact_url
-from .._validate import MAX_TTL_MS, check_name, check_timeout, check_ttl
+from .._validate import MAX_TTL_MS, check_keys, check_name, check_timeout, check_ttl
 from .._waiters import KeyWaiters
 
 __all__ = ["RedisStreamsPubSub"]
@@ -824,8 +824,7 @@ class RedisStreamsPubSub(PubSub):
         transaction): each renewal is atomic on its own. If the server's script cache was flushed, the renewals that
         got ``NOSCRIPT`` (and therefore did not run) are re-sent as ``EVAL``.
         """
-        for key in keys:
-            check_name(key, "key")
+        keys = check_keys(keys)
         check_name(owner, "owner")
         ttl = self._check_ttl(ttl_ms)
         self._check_open()

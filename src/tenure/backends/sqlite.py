@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from .._contract import AcquireResult, LeaseRecord
 from .._errors import BackendClosed, BackendUnavailable, ConfigurationError, InvalidArgument
 from .._pubsub import Callback, Event, PubSub, check_callback, check_group, prepare_event
-from .._validate import check_name, check_timeout, check_ttl
+from .._validate import check_keys, check_name, check_timeout, check_ttl
 from .._waiters import KeyWaiters
 
 __all__ = ["SqlitePubSub"]
@@ -737,8 +737,7 @@ class SqlitePubSub(PubSub):
 
     async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
         """Renew many of ``owner``'s leases in one transaction; one ``bool`` per key, in order."""
-        for key in keys:
-            check_name(key, "key")
+        keys = check_keys(keys)
         check_name(owner, "owner")
         check_ttl(ttl_ms)
         self._check_open()
