@@ -457,7 +457,14 @@ def _takeovers(ops: list[Op], kills: list[tuple[int, str]], cfg: CheckConfig) ->
     return out
 
 
-async def _sweep(url: str, workdir: Path, keys: list[str], ttl_ms: int, wait_s: float) -> list[str]:
+async def _sweep(
+    url: str,
+    open_: Callable[[], Any],
+    workdir: Path,
+    keys: list[str],
+    ttl_ms: int,
+    wait_s: float,
+) -> list[str]:
     """Acquire every key once (recorded, so the checkers see these grants too)."""
     cfg = ClientConfig(
         name="sweep",
@@ -471,7 +478,7 @@ async def _sweep(url: str, workdir: Path, keys: list[str], ttl_ms: int, wait_s: 
         rotate_s=1,
         deadline_ns=0,
     )
-    sweeper = Client(cfg, lambda: open_backend(url))
+    sweeper = Client(cfg, open_)
     failed = []
     try:
         for key in keys:
@@ -565,10 +572,18 @@ async def run(rc: RunConfig) -> RunResult:
         partial = load_dir(workdir)
         keys = sorted(group_by_key(partial))
         if memory_backend is not None:
-            failed = await _memory_sweep(memory_backend, workdir, keys, rc.ttl_ms)
+            shared = memory_backend
+            failed = await _sweep(
+                "memory://",
+                lambda: _Shared(shared),
+                workdir,
+                keys,
+                rc.ttl_ms,
+                3 * rc.ttl_ms / 1000 + 2,
+            )
         else:
             wait_s = 3 * rc.ttl_ms / 1000 + (env.max_ttl_s if env else 0) + 5
-            failed = await _sweep(url, workdir, keys, rc.ttl_ms, wait_s)
+            failed = await _sweep(url, lambda: open_backend(url), workdir, keys, rc.ttl_ms, wait_s)
         integrity = env.integrity() if env else None
     finally:
         if injector is not None:
@@ -619,34 +634,3 @@ async def run(rc: RunConfig) -> RunResult:
         )
     )
     return result
-
-
-async def _memory_sweep(backend: Any, workdir: Path, keys: list[str], ttl_ms: int) -> list[str]:
-    cfg = ClientConfig(
-        name="sweep",
-        url="memory://",
-        workdir=str(workdir),
-        workload="sweep",
-        seed=0,
-        ttl_ms=ttl_ms,
-        slot=0,
-        t0_ns=0,
-        rotate_s=1,
-        deadline_ns=0,
-    )
-    sweeper = Client(cfg, lambda: _Shared(backend))
-    failed = []
-    try:
-        for key in keys:
-            deadline = time.monotonic() + 3 * ttl_ms / 1000 + 2
-            while True:
-                typ, res = await sweeper.lease(key, "acquire", owner="sweep", ttl_ms=ttl_ms)
-                if typ == "ok" and res.acquired:
-                    break
-                if time.monotonic() > deadline:
-                    failed.append(key)
-                    break
-                await asyncio.sleep(0.02)
-    finally:
-        sweeper.hist.close()
-    return failed

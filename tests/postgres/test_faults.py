@@ -8,6 +8,7 @@ whole server start their own (``tests/support/pg_server.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -56,6 +57,19 @@ async def _terminate_all(admin: Admin, app: str) -> int:
     raise AssertionError(f"backends {pids} did not exit")
 
 
+@contextlib.asynccontextmanager
+async def _row_locked(url: str, schema: str, key: bytes) -> AsyncIterator[Admin]:
+    """A connection whose open transaction holds the lease row of ``key`` (FOR UPDATE)."""
+    async with await psycopg.AsyncConnection.connect(url) as locker:
+        await locker.execute(
+            psycopg.sql.SQL("SELECT 1 FROM {} WHERE key = %s FOR UPDATE").format(
+                psycopg.sql.Identifier(schema, "leases")
+            ),
+            (key,),
+        )
+        yield locker
+
+
 async def _wait_blocked(admin: Admin, app: str) -> int:
     """The pid of ``app``'s backend once it waits for a row lock."""
     for _ in range(1000):
@@ -99,13 +113,7 @@ async def test_acquire_whose_connection_is_terminated_mid_statement_is_retried(
     ) as provider:
         await provider.acquire_lease("k", "alice", 30_000)
         await provider.release_lease("k", "alice")
-        async with await psycopg.AsyncConnection.connect(postgres_url) as locker:
-            await locker.execute(
-                psycopg.sql.SQL("SELECT 1 FROM {} WHERE key = %s FOR UPDATE").format(
-                    psycopg.sql.Identifier(schema, "leases")
-                ),
-                (b"k",),
-            )
+        async with _row_locked(postgres_url, schema, b"k") as locker:
             task = asyncio.create_task(provider.acquire_lease("k", "bob", 30_000))
             pid = await _wait_blocked(admin, app)
             await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -132,11 +140,7 @@ async def test_a_retried_acquire_that_is_refused_reports_an_unknown_outcome(
         await provider.acquire_lease("k", "alice", 30_000)
         await provider.release_lease("k", "alice")
         table = psycopg.sql.Identifier(schema, "leases")
-        async with await psycopg.AsyncConnection.connect(postgres_url) as locker:
-            await locker.execute(
-                psycopg.sql.SQL("SELECT 1 FROM {} WHERE key = %s FOR UPDATE").format(table),
-                (b"k",),
-            )
+        async with _row_locked(postgres_url, schema, b"k") as locker:
             task = asyncio.create_task(provider.acquire_lease("k", "bob", 30_000))
             pid = await _wait_blocked(admin, app)
             await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -164,13 +168,7 @@ async def test_transfer_whose_connection_is_terminated_raises_unavailable(
         f"{postgres_url}?application_name={app}", schema=schema
     ) as provider:
         await provider.acquire_lease("k", "alice", 30_000)
-        async with await psycopg.AsyncConnection.connect(postgres_url) as locker:
-            await locker.execute(
-                psycopg.sql.SQL("SELECT 1 FROM {} WHERE key = %s FOR UPDATE").format(
-                    psycopg.sql.Identifier(schema, "leases")
-                ),
-                (b"k",),
-            )
+        async with _row_locked(postgres_url, schema, b"k") as locker:
             task = asyncio.create_task(provider.transfer_lease("k", "alice", "bob", 30_000))
             pid = await _wait_blocked(admin, app)
             await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
