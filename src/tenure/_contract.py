@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import enum
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, Self
 
-__all__ = ["AcquireResult", "LeaseProvider", "LeaseRecord"]
+if TYPE_CHECKING:
+    from ._pubsub import Callback, Event
+
+__all__ = [
+    "AcquireResult",
+    "Backend",
+    "Capability",
+    "EventBackend",
+    "LeaseProvider",
+    "LeaseRecord",
+    "capabilities_of",
+]
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -73,3 +86,99 @@ class LeaseProvider(Protocol):
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         """Hand ``key`` from ``from_owner`` to ``to_owner`` with no gap; ``False`` if not held."""
         ...
+
+
+class Capability(enum.Flag):
+    """What a backend can do beyond the five lease methods, declared up front.
+
+    A backend declares them in a class attribute ``capabilities`` (a
+    ``Capability``, or an iterable of the member names in lower case for a
+    backend that does not import tenure). Holding, the runtime and the
+    contract suite read the declaration; they never probe for methods.
+    """
+
+    NONE = 0
+    #: ``get_lease(key) -> LeaseRecord | None``: owner, token and remaining TTL in one read.
+    RECORD = enum.auto()
+    #: ``renew_leases(keys, owner, ttl_ms) -> list[bool]``: many renewals in one round trip.
+    RENEW_MANY = enum.auto()
+    #: ``wait_lease_released(key, timeout) -> bool``: woken when the holder releases or transfers.
+    RELEASE_WAKEUPS = enum.auto()
+    #: ``transfer_lease`` is one atomic step (the key is never free in between).
+    ATOMIC_TRANSFER = enum.auto()
+    #: The pub/sub methods (``publish``, ``subscribe``, ``unsubscribe``, ``flush``).
+    EVENTS = enum.auto()
+    #: Consumer groups that outlive a process and redeliver what a dead member
+    #: never acknowledged, so events reach other processes.
+    DURABLE_GROUPS = enum.auto()
+    #: ``scan_leases`` and ``revoke_lease``, for operators.
+    OPERATIONS = enum.auto()
+
+
+def capabilities_of(backend: object) -> Capability:
+    """The capabilities ``backend`` declares (``Capability.NONE`` when it declares none)."""
+    declared = getattr(type(backend), "capabilities", None)
+    if declared is None:
+        declared = getattr(backend, "capabilities", None)
+    if isinstance(declared, Capability):
+        return declared
+    if declared is None or isinstance(declared, str | bytes):
+        return Capability.NONE
+    result = Capability.NONE
+    if isinstance(declared, Iterable):
+        for name in declared:
+            member = Capability.__members__.get(str(name).upper())
+            if member is not None:
+                result |= member
+    return result
+
+
+class Backend(LeaseProvider, Protocol):
+    """What every backend built by :func:`tenure.from_url` offers.
+
+    The five lease methods, ``get_lease``, ``renew_leases``,
+    ``wait_lease_released``, its declared :class:`Capability` set, ``aclose()``
+    and ``async with``. The pub/sub methods are on :class:`EventBackend`
+    (backends that declare ``Capability.EVENTS``).
+    """
+
+    capabilities: Capability
+
+    async def get_lease(self, key: str) -> LeaseRecord | None:
+        """The live lease of ``key`` in one atomic read, or ``None``."""
+        ...
+
+    async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
+        """Renew many of ``owner``'s leases at once; one ``bool`` per key, in order."""
+        ...
+
+    async def wait_lease_released(self, key: str, timeout: float) -> bool:
+        """Wait until ``key`` is released or transferred; ``False`` on timeout."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release every resource; later calls raise ``BackendClosed``."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+class EventBackend(Backend, Protocol):
+    """A :class:`Backend` that also carries events (``Capability.EVENTS``)."""
+
+    async def publish(self, topic: str, event: Event) -> Event: ...
+
+    async def subscribe(
+        self, topic: str, callback: Callback, *, group: str | None = None
+    ) -> None: ...
+
+    async def unsubscribe(self, topic: str, callback: Callback) -> None: ...
+
+    async def flush(self) -> None: ...

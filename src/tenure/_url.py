@@ -1,18 +1,32 @@
-"""``from_url``: a URL scheme → backend registry (CONTRACT section 7)."""
+"""``from_url``: a URL scheme → backend registry, one option parser, one redactor (CONTRACT section 7)."""
 
 from __future__ import annotations
 
 import importlib
+import math
 import os
+import re
 import sys
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from ._contract import Backend
 from ._errors import ConfigurationError
 
-__all__ = ["default_url", "from_url", "redact_url"]
+__all__ = [
+    "QueryOptions",
+    "default_url",
+    "from_url",
+    "parse_query",
+    "redact",
+    "redact_url",
+    "to_bool",
+    "to_int",
+    "to_seconds",
+]
 
 
 @dataclass(frozen=True)
@@ -37,21 +51,150 @@ _SCHEMES: dict[str, _Scheme] = {
 }
 
 
+# -- secrets -------------------------------------------------------------------
+
+# ``password=…`` in a URL query or a key=value DSN, quoted or not.
+_PASSWORD_FIELD = re.compile(
+    r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)",
+)
+
+
+def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """``text`` with every secret in ``secrets`` (and its percent-encoded form) shown as ``***``.
+
+    ``password=…`` fields (URL queries, key=value DSNs) are hidden too, whatever
+    their value.
+    """
+    for secret in secrets:
+        if secret:
+            for form in {secret, quote(secret, safe=""), quote(secret)}:
+                text = text.replace(form, "***")
+    return _PASSWORD_FIELD.sub(lambda m: m.group(1) + "***", text)
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for errors, logs and reprs)."""
+    """``url`` without secrets: the user-info password and ``password=`` query values.
+
+    A URL that cannot be parsed is not shown at all.
+    """
     try:
         parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        port = f":{parts.port}" if parts.port is not None else ""
-        netloc = f"{user}:***@{host}{port}"
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        password = parts.password
+        netloc = parts.netloc
+        if password is not None:
+            user = parts.username or ""
+            host = netloc.rpartition("@")[2]
+            netloc = f"{user}:***@{host}"
+        query = _PASSWORD_FIELD.sub(lambda m: m.group(1) + "***", parts.query)
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:
-        return "<unparseable url>"
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        return f"<unparseable {scheme}:// URL>" if scheme.isalnum() else "<unparseable URL>"
+
+
+# -- options -------------------------------------------------------------------
+
+
+def to_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError("expected true or false")
+
+
+def to_int(low: int = 0) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise ValueError(f"expected an int >= {low}")
+        return value
+
+    return parse
+
+
+def to_seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise ValueError("expected a finite number of seconds > 0")
+    return value
+
+
+@dataclass(frozen=True)
+class QueryOptions:
+    """What :func:`parse_query` found: tenure's options and the rest, untouched."""
+
+    ours: dict[str, Any]
+    #: The other parameters as they were written (still percent-encoded), in order.
+    rest: list[str]
+
+    def rest_query(self) -> str:
+        return "&".join(self.rest)
+
+
+def parse_query(
+    url: str,
+    ours: Mapping[str, Callable[[str], Any]],
+    *,
+    theirs: Mapping[str, Callable[[str], Any]] | None = None,
+    pass_unknown: bool = False,
+    what: str = "",
+) -> QueryOptions:
+    """Split the query of ``url`` into tenure's options (parsed) and the driver's.
+
+    ``ours`` maps tenure's option names to parsers. ``theirs`` lists the driver's
+    options (checked with their parser, passed on as written); with
+    ``pass_unknown`` every other name is passed on too (the driver checks it),
+    else it raises :class:`ConfigurationError`. Passed-on parameters keep their
+    exact spelling, so a value survives unchanged. An option given twice, or a
+    value its parser refuses, raises :class:`ConfigurationError`. Messages show
+    the URL without secrets.
+    """
+    shown = redact_url(url)
+    what = what or (url.split("://", 1)[0] + "://")
+    try:
+        query = urlsplit(url).query
+    except ValueError:
+        raise ConfigurationError(f"cannot parse the {what} URL {shown!r}") from None
+    parsed: dict[str, Any] = {}
+    rest: list[str] = []
+    seen: set[str] = set()
+    for segment in query.split("&"):
+        if not segment:
+            continue
+        raw_name, _, raw_value = segment.partition("=")
+        name, value = unquote(raw_name), unquote(raw_value)
+        if name in seen:
+            raise ConfigurationError(f"{what} option {name!r} is given twice in {shown!r}")
+        seen.add(name)
+        parser = ours.get(name)
+        if parser is None and theirs is not None:
+            parser = theirs.get(name)
+            if parser is not None:
+                rest.append(segment)
+        elif parser is not None:
+            pass
+        elif pass_unknown:
+            rest.append(segment)
+            continue
+        if parser is None:
+            known = ", ".join(sorted([*ours, *(theirs or {})]))
+            raise ConfigurationError(f"unknown {what} option {name!r} in {shown!r}; known: {known}")
+        try:
+            result = parser(value)
+        except (TypeError, ValueError) as exc:
+            shown_value = "***" if "password" in name.lower() else repr(value)
+            detail = f" ({exc})" if str(exc) else ""
+            raise ConfigurationError(
+                f"bad value for {what} option {name!r}: {shown_value}{detail}"
+            ) from None
+        if name in ours:
+            parsed[name] = result
+    return QueryOptions(parsed, rest)
+
+
+# -- the registry --------------------------------------------------------------
 
 
 def _data_dir() -> Path:
@@ -78,16 +221,8 @@ def default_url() -> str:
     return f"sqlite:///{_data_dir() / 'tenure.db'}"
 
 
-def from_url(url: str | None = None, **options: Any) -> Any:
-    """Build the backend for ``url``.
-
-    Schemes: ``memory://``, ``sqlite:///path``, ``redis://``, ``rediss://``,
-    ``postgresql://``. With no URL, :func:`default_url` decides. Keyword
-    options go to the backend's constructor. The result is an async context
-    manager; nothing is connected until it is first used.
-    """
-    if url is None:
-        url = default_url()
+def backend_class(url: str) -> type[Any]:
+    """The backend class for ``url``'s scheme, importing its module (and driver) only now."""
     if not isinstance(url, str):
         raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
     known = ", ".join(f"{name}://" for name in sorted(_SCHEMES))
@@ -110,5 +245,21 @@ def from_url(url: str | None = None, **options: Any) -> Any:
                 f"pip install 'tenure[{entry.extra}]'"
             ) from None
         raise
-    factory = getattr(module, entry.factory)
-    return factory.from_url(url, **options)
+    cls: type[Any] = getattr(module, entry.factory)
+    return cls
+
+
+def from_url(url: str | None = None, **options: Any) -> Backend:
+    """Build the backend for ``url``.
+
+    Schemes: ``memory://``, ``sqlite:///path``, ``redis://``, ``rediss://``,
+    ``postgresql://``. With no URL, :func:`default_url` decides. Keyword
+    options go to the backend's constructor. The result is an async context
+    manager; nothing is connected until it is first used. Its
+    ``capabilities`` say what it offers beyond the lease methods; for the
+    pub/sub methods see :func:`tenure.events_of`.
+    """
+    if url is None:
+        url = default_url()
+    backend: Backend = backend_class(url).from_url(url, **options)
+    return backend

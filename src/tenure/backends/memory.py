@@ -16,18 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._contract import AcquireResult, LeaseRecord
-from .._errors import BackendClosed, ConfigurationError, InvalidArgument
+from .._contract import AcquireResult, Capability, LeaseRecord
+from .._errors import ConfigurationError, InvalidArgument
 from .._pubsub import Callback, Event, PubSub, check_callback, check_group, prepare_event
-from .._validate import (
-    check_key_owner,
-    check_key_owner_ttl,
-    check_keys,
-    check_name,
-    check_timeout,
-    check_ttl,
-)
-from .._waiters import KeyWaiters
+from .._validate import check_name
+from ._core import EXTEND, REFUSE, LeaseCore, acquire_step, holds
 
 __all__ = ["MemoryPubSub"]
 
@@ -69,7 +62,7 @@ class _Group:
     workers: dict[Callback, asyncio.Task[None]] = field(default_factory=dict)
 
 
-class MemoryPubSub(PubSub):
+class MemoryPubSub(LeaseCore, PubSub):
     """Pub/sub and leases for one process (``memory://``).
 
     Leases: atomic because every operation runs to completion on the event loop
@@ -88,6 +81,14 @@ class MemoryPubSub(PubSub):
     event is dropped and logged at ERROR.
     """
 
+    capabilities = (
+        Capability.RECORD
+        | Capability.RENEW_MANY
+        | Capability.RELEASE_WAKEUPS
+        | Capability.ATOMIC_TRANSFER
+        | Capability.EVENTS
+    )
+
     def __init__(
         self, *, clock: Callable[[], float] = time.monotonic, max_attempts: int = 5
     ) -> None:
@@ -99,8 +100,7 @@ class MemoryPubSub(PubSub):
         self._sweep_at = 1024
         self._last_token = 0
         self._topics: dict[str, dict[str | Callback, _Group]] = {}
-        self._waiters = KeyWaiters()
-        self._closed = False
+        super().__init__()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryPubSub:
@@ -115,10 +115,6 @@ class MemoryPubSub(PubSub):
 
     # -- leases ------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendClosed("MemoryPubSub is closed")
-
     def _sweep(self, now: float) -> None:
         leases = self._leases
         for key in [k for k, lease in leases.items() if lease[_DEADLINE] <= now]:
@@ -128,9 +124,9 @@ class MemoryPubSub(PubSub):
         # the live leases however many keys come and go.
         self._sweep_at = 2 * len(leases) + 1024
 
-    def _live(self, key: str, now: float) -> _Lease | None:
+    def _held_by(self, key: str, owner: str, now: float) -> _Lease | None:
         lease = self._leases.get(key)
-        if lease is not None and lease[_DEADLINE] > now:
+        if lease is not None and holds(lease[_OWNER], lease[_DEADLINE], owner, now):
             return lease
         return None
 
@@ -143,103 +139,64 @@ class MemoryPubSub(PubSub):
         return result
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
-        check_key_owner_ttl(key, owner, ttl_ms)
-        if self._closed:
-            raise BackendClosed("MemoryPubSub is closed")
+        self._args(key, owner, ttl_ms)
         now = self._clock()
         lease = self._leases.get(key)
-        if lease is not None and lease[_DEADLINE] > now:
-            if lease[_OWNER] != owner:
-                return AcquireResult(False, lease[_OWNER], None)
+        if lease is None:
+            return self._grant(key, owner, now + ttl_ms / 1000, now)
+        step = acquire_step(lease[_OWNER], lease[_DEADLINE], owner, now)
+        if step == REFUSE:
+            return AcquireResult(False, lease[_OWNER], None)
+        if step == EXTEND:
             lease[_DEADLINE] = now + ttl_ms / 1000
             grant: AcquireResult = lease[_GRANT]
             return grant
         return self._grant(key, owner, now + ttl_ms / 1000, now)
 
-    async def get_lease_owner(self, key: str) -> str | None:
-        check_name(key, "key")
-        self._check_open()
-        lease = self._live(key, self._clock())
-        return None if lease is None else lease[_OWNER]
-
-    async def get_lease(self, key: str) -> LeaseRecord | None:
-        check_name(key, "key")
-        self._check_open()
+    async def _read(self, key: str) -> LeaseRecord | None:
         now = self._clock()
-        lease = self._live(key, now)
-        if lease is None:
+        lease = self._leases.get(key)
+        if lease is None or lease[_DEADLINE] <= now:
             return None
         remaining = max(1, math.ceil((lease[_DEADLINE] - now) * 1000))
         return LeaseRecord(lease[_OWNER], lease[_TOKEN], remaining)
 
     async def release_lease(self, key: str, owner: str) -> None:
-        check_key_owner(key, owner)
-        if self._closed:
-            raise BackendClosed("MemoryPubSub is closed")
-        lease = self._leases.get(key)
-        if lease is not None and lease[_OWNER] == owner and lease[_DEADLINE] > self._clock():
+        self._args_owner(key, owner)
+        if self._held_by(key, owner, self._clock()) is not None:
             del self._leases[key]
-            if self._waiters:
-                self._waiters.wake_one(key)
+            self._freed(key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        check_key_owner_ttl(key, owner, ttl_ms)
-        self._check_open()
+        self._args(key, owner, ttl_ms)
         now = self._clock()
-        lease = self._live(key, now)
-        if lease is None or lease[_OWNER] != owner:
+        lease = self._held_by(key, owner, now)
+        if lease is None:
             return False
         lease[_DEADLINE] = now + ttl_ms / 1000
         return True
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        check_name(key, "key")
-        check_name(from_owner, "from_owner")
-        check_name(to_owner, "to_owner")
-        check_ttl(ttl_ms)
-        self._check_open()
+        ttl = self._args_transfer(key, from_owner, to_owner, ttl_ms)
         now = self._clock()
-        lease = self._live(key, now)
-        if lease is None or lease[_OWNER] != from_owner:
+        if self._held_by(key, from_owner, now) is None:
             return False
-        self._grant(key, to_owner, now + ttl_ms / 1000, now)
-        if self._waiters:
-            self._waiters.wake_one(key)
+        self._grant(key, to_owner, now + ttl / 1000, now)
+        self._freed(key)
         return True
-
-    # -- extensions ----------------------------------------------------------
 
     async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
         """Renew many of ``owner``'s leases at once; one ``bool`` per key, in order."""
-        keys = check_keys(keys)
-        check_name(owner, "owner")
-        check_ttl(ttl_ms)
-        self._check_open()
+        key_list, ttl = self._args_batch(keys, owner, ttl_ms)
         now = self._clock()
-        deadline = now + ttl_ms / 1000
+        deadline = now + ttl / 1000
         results = []
-        for key in keys:
-            lease = self._live(key, now)
-            held = lease is not None and lease[_OWNER] == owner
-            if lease is not None and held:
+        for key in key_list:
+            lease = self._held_by(key, owner, now)
+            if lease is not None:
                 lease[_DEADLINE] = deadline
-            results.append(held)
+            results.append(lease is not None)
         return results
-
-    async def wait_lease_released(self, key: str, timeout: float) -> bool:
-        """Wait until ``key`` is released or transferred, at most ``timeout`` seconds.
-
-        ``True`` at once if the key has no live lease, or when a release or
-        transfer wakes this waiter (one waiter per release); ``False`` on timeout.
-        """
-        check_name(key, "key")
-        check_timeout(timeout)
-        self._check_open()
-        fut = self._waiters.register(key)
-        if self._live(key, self._clock()) is None:
-            self._waiters.discard(key, fut)
-            return True
-        return await self._waiters.wait(key, fut, timeout)
 
     # -- pub/sub -----------------------------------------------------------
 

@@ -1,0 +1,211 @@
+"""What every lease backend of tenure shares, written once.
+
+- :class:`LeaseCore`: argument checks (the contract's rules plus the backend's
+  TTL ceiling) and the closed check in one call per operation, ``get_lease_owner``
+  in terms of one record read, and the waiter steps of ``wait_lease_released``.
+  A backend supplies ``_read`` (one atomic read of a live lease) and, if it can
+  learn of releases made elsewhere, the ``_watch``/``_unwatch`` hooks.
+- The lease decisions that run in Python (memory, SQLite): :func:`acquire_step`
+  and :func:`holds`. What must be atomic on a server stays there, in Lua or SQL
+  files, one per operation.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+from .._contract import Capability, LeaseRecord
+from .._errors import BackendClosed, InvalidArgument
+from .._lifecycle import AsyncCloseable
+from .._validate import (
+    MAX_NAME_BYTES,
+    MAX_TTL_MS,
+    check_keys,
+    check_name,
+    check_timeout,
+    check_ttl,
+)
+from .._waiters import KeyWaiters
+
+__all__ = ["EXTEND", "GRANT", "REFUSE", "LeaseCore", "acquire_step", "holds"]
+
+# What an acquire does to the key's current lease (see acquire_step).
+REFUSE, EXTEND, GRANT = 0, 1, 2
+
+
+def acquire_step(holder: object, deadline: float, owner: object, now: float) -> int:
+    """The acquire decision: ``REFUSE`` (another live owner), ``EXTEND`` (the same
+    owner: fresh TTL, same token) or ``GRANT`` (free or expired: a new token).
+
+    ``holder`` is ``None`` when the key has no lease row.
+    """
+    if holder is not None and deadline > now:
+        return EXTEND if holder == owner else REFUSE
+    return GRANT
+
+
+def holds(holder: object, deadline: float, owner: object, now: float) -> bool:
+    """Whether ``owner`` holds a live lease: the check of renew, release and transfer."""
+    return holder == owner and deadline > now
+
+
+class LeaseCore(AsyncCloseable, abc.ABC):
+    """Base of tenure's lease backends: checks, the closed state and waiting.
+
+    Subclasses set ``capabilities`` and implement the five methods, calling
+    the ``_args_*`` check first; ``_read`` gives ``get_lease``,
+    ``get_lease_owner`` and ``wait_lease_released``. A release or transfer the
+    backend performs itself calls :meth:`_freed` to wake one local waiter.
+    """
+
+    capabilities: ClassVar[Capability] = Capability.NONE
+
+    # Not in __init__: the hot paths read them, and subclasses set them first.
+    _closed: bool = False
+    _max_ttl_ms: int = MAX_TTL_MS
+    _waiters: KeyWaiters
+
+    def __init__(self, *, max_ttl_ms: int = MAX_TTL_MS) -> None:
+        self._closed = False
+        self._max_ttl_ms = max_ttl_ms
+        self._waiters = KeyWaiters()
+
+    # -- checks --------------------------------------------------------------
+
+    def _closed_error(self) -> BackendClosed:
+        return BackendClosed(f"{type(self).__name__} is closed")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise self._closed_error()
+
+    def _check_ttl(self, ttl_ms: Any, arg: str = "ttl_ms") -> int:
+        ttl = check_ttl(ttl_ms, arg)
+        if ttl > self._max_ttl_ms:
+            raise InvalidArgument(
+                f"{arg} must be at most max_ttl_ms={self._max_ttl_ms} on this backend, got {ttl} "
+                "(raise max_ttl_ms for every client of the backend)"
+            )
+        return ttl
+
+    def _args(self, key: Any, owner: Any, ttl_ms: Any) -> int:
+        """Checks of acquire and renew; returns the TTL."""
+        # The common case decided inline: these run on every operation.
+        if not (
+            type(key) is str
+            and key.isascii()
+            and 0 < len(key) <= MAX_NAME_BYTES
+            and type(owner) is str
+            and owner.isascii()
+            and 0 < len(owner) <= MAX_NAME_BYTES
+            and type(ttl_ms) is int
+            and 1 <= ttl_ms <= self._max_ttl_ms
+        ):
+            check_name(key, "key")
+            check_name(owner, "owner")
+            self._check_ttl(ttl_ms)
+        if self._closed:
+            raise self._closed_error()
+        return int(ttl_ms)
+
+    def _args_owner(self, key: Any, owner: Any) -> None:
+        """Checks of release."""
+        if not (
+            type(key) is str
+            and key.isascii()
+            and 0 < len(key) <= MAX_NAME_BYTES
+            and type(owner) is str
+            and owner.isascii()
+            and 0 < len(owner) <= MAX_NAME_BYTES
+        ):
+            check_name(key, "key")
+            check_name(owner, "owner")
+        if self._closed:
+            raise self._closed_error()
+
+    def _args_transfer(self, key: Any, from_owner: Any, to_owner: Any, ttl_ms: Any) -> int:
+        check_name(key, "key")
+        check_name(from_owner, "from_owner")
+        check_name(to_owner, "to_owner")
+        ttl = self._check_ttl(ttl_ms)
+        self._check_open()
+        return ttl
+
+    def _args_key(self, key: Any) -> None:
+        check_name(key, "key")
+        self._check_open()
+
+    def _args_batch(self, keys: Any, owner: Any, ttl_ms: Any) -> tuple[list[str], int]:
+        key_list = check_keys(keys)
+        check_name(owner, "owner")
+        ttl = self._check_ttl(ttl_ms)
+        self._check_open()
+        return key_list, ttl
+
+    # -- reads ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _read(self, key: str) -> LeaseRecord | None:
+        """The live lease of ``key`` in one atomic read (arguments already checked)."""
+
+    async def get_lease(self, key: str) -> LeaseRecord | None:
+        """The live lease of ``key`` (owner, token, remaining ms) in one atomic read, or ``None``."""
+        self._args_key(key)
+        return await self._read(key)
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        self._args_key(key)
+        record = await self._read(key)
+        return None if record is None else record.owner
+
+    # -- waiting -------------------------------------------------------------
+
+    def _freed(self, key: str) -> None:
+        """A release or transfer of ``key`` happened: wake its longest-waiting local waiter."""
+        if self._waiters:
+            self._waiters.wake_one(key)
+
+    async def _watch(self, key: str) -> None:
+        """Start learning of releases of ``key`` made elsewhere (a listener, polling)."""
+
+    def _watching(self, key: str, record: LeaseRecord) -> None:
+        """``key`` is waited on while ``record`` is its lease."""
+
+    def _unwatch(self) -> None:
+        """A waiter left (woken, timed out or failed)."""
+
+    async def _when_free(self, timeout: float) -> bool:
+        """What a waiter does when the key has no live lease: by default, nothing."""
+        return True
+
+    async def wait_lease_released(self, key: str, timeout: float) -> bool:
+        """Wait until ``key`` is released or transferred, at most ``timeout`` seconds.
+
+        ``True`` at once if the key has no live lease, or when a release or
+        transfer wakes this waiter (one local waiter per release, the
+        longest-waiting first); ``False`` on timeout. An expiry wakes nobody:
+        pass a timeout no longer than the remaining TTL to retry after it.
+        A ``True`` means "look again", not "the key is free": a backend that may
+        have missed a release (a lost notification connection) wakes everyone.
+        """
+        self._args_key(key)
+        seconds = check_timeout(timeout)
+        fut = self._waiters.register(key)
+        try:
+            await self._watch(key)
+            record = await self._read(key)
+        except BaseException:
+            self._waiters.discard(key, fut)
+            self._unwatch()
+            raise
+        if record is None:
+            self._waiters.discard(key, fut)
+            self._unwatch()
+            return await self._when_free(seconds)
+        if not fut.done():
+            self._watching(key, record)
+        try:
+            return await self._waiters.wait(key, fut, seconds)
+        finally:
+            self._unwatch()
