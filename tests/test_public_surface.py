@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
 import tenure
 
 EXPECTED = [
     "AcquireResult",
+    "Backend",
     "BackendClosed",
     "BackendUnavailable",
+    "Capability",
     "ConfigurationError",
     "Event",
+    "EventBackend",
     "HeldLease",
     "InvalidArgument",
     "LeaseLost",
@@ -27,7 +35,9 @@ EXPECTED = [
     "ThreadRun",
     "ThreadRuntime",
     "acquire_wait",
+    "capabilities_of",
     "default_url",
+    "events_of",
     "from_url",
     "hold",
     "is_lease_provider",
@@ -63,3 +73,58 @@ def test_package_ships_type_information() -> None:
     from importlib.resources import files
 
     assert files("tenure").joinpath("py.typed").is_file()
+
+
+def test_import_loads_no_backend_and_no_driver() -> None:
+    code = (
+        "import sys, tenure\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('tenure.backends') "
+        "or m in ('sqlite3', 'redis', 'psycopg'))\n"
+        "print(','.join(loaded))\n"
+        "tenure.MemoryPubSub\n"
+        "print('tenure.backends.memory' in sys.modules, 'sqlite3' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out == ["", "True False"]
+
+
+def test_errors_show_as_tenure_names() -> None:
+    assert repr(tenure.InvalidArgument("x")) == "InvalidArgument('x')"
+    assert tenure.InvalidArgument.__module__ == "tenure"
+    assert tenure.LeaseLost.__module__ == "tenure"
+
+
+def test_the_package_logger_has_a_null_handler() -> None:
+    handlers = logging.getLogger("tenure").handlers
+    assert any(isinstance(h, logging.NullHandler) for h in handlers)
+
+
+def test_mypy_catches_a_string_ttl_on_a_from_url_result(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import tenure\n\n\n"
+        "async def main() -> None:\n"
+        "    backend = tenure.from_url('memory://')\n"
+        "    await backend.acquire_lease('k', 'o', '10')\n"
+    )
+    good = tmp_path / "good.py"
+    good.write_text(
+        "import tenure\n\n\n"
+        "async def main() -> None:\n"
+        "    async with tenure.from_url('memory://') as backend:\n"
+        "        result = await backend.acquire_lease('k', 'o', 10)\n"
+        "        record = await backend.get_lease('k')\n"
+        "        assert result.acquired and record is not None\n"
+    )
+    for path, expect_ok in ((bad, False), (good, True)):
+        proc = subprocess.run(
+            [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(path)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
+        assert (proc.returncode == 0) == expect_ok, proc.stdout
+        if not expect_ok:
+            assert 'incompatible type "str"; expected "int"' in proc.stdout, proc.stdout

@@ -1,7 +1,24 @@
-"""tenure: distributed leases with fencing tokens, pub/sub, and a thread runtime."""
+"""tenure: distributed leases with fencing tokens, pub/sub, and a thread runtime.
 
-from ._contract import AcquireResult, LeaseProvider, LeaseRecord
-from ._detect import NoopLeaseProvider, is_lease_provider, lease_provider_for
+Importing tenure loads no backend and no driver (not even ``sqlite3``): a
+backend module is imported when its URL scheme or its class is first used.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ._contract import (
+    AcquireResult,
+    Backend,
+    Capability,
+    EventBackend,
+    LeaseProvider,
+    LeaseRecord,
+    capabilities_of,
+)
+from ._detect import NoopLeaseProvider, events_of, is_lease_provider, lease_provider_for
 from ._errors import (
     BackendClosed,
     BackendUnavailable,
@@ -14,16 +31,21 @@ from ._errors import (
 from ._hold import HeldLease, acquire_wait, hold, renew_many
 from ._pubsub import Event, PubSub
 from ._url import default_url, from_url
-from .backends.memory import MemoryPubSub
-from .backends.sqlite import SqlitePubSub
 from .runtime import RuntimeEvent, SendResult, Signal, ThreadRun, ThreadRuntime
+
+if TYPE_CHECKING:
+    from .backends.memory import MemoryPubSub
+    from .backends.sqlite import SqlitePubSub
 
 __all__ = [
     "AcquireResult",
+    "Backend",
     "BackendClosed",
     "BackendUnavailable",
+    "Capability",
     "ConfigurationError",
     "Event",
+    "EventBackend",
     "HeldLease",
     "InvalidArgument",
     "LeaseLost",
@@ -41,7 +63,9 @@ __all__ = [
     "ThreadRun",
     "ThreadRuntime",
     "acquire_wait",
+    "capabilities_of",
     "default_url",
+    "events_of",
     "from_url",
     "hold",
     "is_lease_provider",
@@ -50,3 +74,34 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# A library never configures logging; without a handler of the application's,
+# Python's last-resort handler would print tenure's warnings to stderr.
+logging.getLogger("tenure").addHandler(logging.NullHandler())
+
+_LAZY = {
+    "MemoryPubSub": "tenure.backends.memory",
+    "SqlitePubSub": "tenure.backends.sqlite",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tenure' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def _show_as_tenure() -> None:
+    # Errors show as tenure.InvalidArgument in tracebacks, not tenure._errors.InvalidArgument.
+    for name in __all__:
+        obj = globals().get(name)
+        if isinstance(obj, type) and issubclass(obj, TenureError):
+            obj.__module__ = "tenure"
+
+
+_show_as_tenure()

@@ -5,10 +5,24 @@ from __future__ import annotations
 import logging
 from typing import TypeGuard, cast
 
-from ._contract import AcquireResult, LeaseProvider, LeaseRecord
+from ._contract import (
+    AcquireResult,
+    Capability,
+    EventBackend,
+    LeaseProvider,
+    LeaseRecord,
+    capabilities_of,
+)
+from ._errors import ConfigurationError
 from ._validate import check_name, check_ttl
 
-__all__ = ["LEASE_METHODS", "NoopLeaseProvider", "is_lease_provider", "lease_provider_for"]
+__all__ = [
+    "LEASE_METHODS",
+    "NoopLeaseProvider",
+    "events_of",
+    "is_lease_provider",
+    "lease_provider_for",
+]
 
 logger = logging.getLogger("tenure")
 
@@ -57,6 +71,18 @@ def lease_provider_for(backend: object) -> LeaseProvider:
     return cast(LeaseProvider, NoopLeaseProvider())
 
 
+def events_of(backend: object) -> EventBackend:
+    """``backend`` typed as an :class:`~tenure.EventBackend`, if it declares ``Capability.EVENTS``.
+
+    Raises :class:`~tenure.ConfigurationError` naming the backend otherwise.
+    """
+    if Capability.EVENTS not in capabilities_of(backend):
+        raise ConfigurationError(
+            f"{type(backend).__name__} cannot carry events (it does not declare Capability.EVENTS)"
+        )
+    return cast(EventBackend, backend)
+
+
 class NoopLeaseProvider:
     """Every caller wins its own race; nothing is coordinated.
 
@@ -68,6 +94,7 @@ class NoopLeaseProvider:
     """
 
     __slots__ = ()
+    capabilities = Capability.RECORD | Capability.ATOMIC_TRANSFER
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
         check_name(key, "key")

@@ -1,13 +1,14 @@
 """Holding leases on top of the five-method contract: ``hold``, ``acquire_wait``, ``renew_many``.
 
-Everything here works with any lease provider. Optional extensions are detected
-structurally and used when present, with a fallback when absent:
+Everything here works with any lease provider. What a provider can do beyond
+the five methods is read from its declared capabilities (:class:`tenure.Capability`),
+with a fallback when it declares nothing:
 
-- ``get_lease(key)``: the remaining TTL of the current holder, so a waiter sleeps
+- ``RECORD``, ``get_lease(key)``: the remaining TTL of the current holder, so a waiter sleeps
   exactly until the lease can expire (fallback: a bounded backoff).
-- ``wait_lease_released(key, timeout)``: wake a waiter as soon as the holder
+- ``RELEASE_WAKEUPS``, ``wait_lease_released(key, timeout)``: wake a waiter as soon as the holder
   releases or transfers (fallback: sleep until the lease can expire).
-- ``renew_leases(keys, owner, ttl_ms)``: renew many leases in one round trip
+- ``RENEW_MANY``, ``renew_leases(keys, owner, ttl_ms)``: renew many leases in one round trip
   (fallback: concurrent ``renew_lease`` calls, bounded).
 """
 
@@ -24,8 +25,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._contract import AcquireResult, LeaseProvider, LeaseRecord
-from ._errors import BackendClosed, InvalidArgument, LeaseLost, LeaseUnavailable
+from ._contract import AcquireResult, Capability, LeaseProvider, LeaseRecord, capabilities_of
+from ._errors import InvalidArgument, LeaseLost, LeaseUnavailable
+from ._renewer import Renewer
 from ._validate import check_name, check_timeout, check_ttl
 
 __all__ = ["HeldLease", "acquire_wait", "hold", "renew_many"]
@@ -54,9 +56,12 @@ def _spawn(coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
     return task
 
 
-def _extension(provider: object, name: str) -> Callable[..., Any] | None:
-    method = getattr(provider, name, None)
-    return method if callable(method) else None
+def _extension(provider: object, capability: Capability, name: str) -> Callable[..., Any] | None:
+    """The method behind a declared capability, or ``None`` when it is not declared."""
+    if capability in capabilities_of(provider):
+        method: Callable[..., Any] = getattr(provider, name)
+        return method
+    return None
 
 
 # -- waiting -----------------------------------------------------------------
@@ -67,8 +72,8 @@ async def _acquire_wait(
 ) -> tuple[AcquireResult, float]:
     """``acquire_wait``'s loop; also returns when the winning request was sent (monotonic)."""
     give_up = None if timeout is None else time.monotonic() + timeout
-    wait_released = _extension(provider, "wait_lease_released")
-    get_lease = _extension(provider, "get_lease")
+    wait_released = _extension(provider, Capability.RELEASE_WAKEUPS, "wait_lease_released")
+    get_lease = _extension(provider, Capability.RECORD, "get_lease")
     backoff = _MIN_BACKOFF
     while True:
         sent = time.monotonic()
@@ -161,7 +166,7 @@ async def renew_many(
     key_list = [check_name(key, "key") for key in keys]
     if not key_list:
         return set()
-    batch = _extension(provider, "renew_leases")
+    batch = _extension(provider, Capability.RENEW_MANY, "renew_leases")
     results: Sequence[bool]
     if batch is not None:
         results = await batch(key_list, owner, ttl_ms)
@@ -200,7 +205,7 @@ async def _renew_each(
 
 
 class _State:
-    """A held lease's renewal state.
+    """A held lease: its :class:`Renewer` and what holding adds (the body, ``on_lost``).
 
     Kept apart from :class:`HeldLease` so that the renewal task never holds a
     strong reference to the lease object: a lease the user dropped can be
@@ -225,18 +230,20 @@ class _State:
         self.owner = owner
         self.ttl_ms = ttl_ms
         self.token = token
-        # When the last successful grant or renewal was *sent*: the backend's
-        # TTL started no earlier, so everything is measured from here.
-        self.valid_from = sent_at
-        self.renew_every = renew_every
-        self.renew_deadline = renew_deadline
+        self.renewer = Renewer(
+            provider,
+            key,
+            owner,
+            ttl_ms,
+            sent_at=sent_at,
+            every=renew_every,
+            deadline=renew_deadline,
+            on_lost=self._on_renewer_lost,
+        )
         self.on_lost = on_lost
         self.cancel_on_loss = cancel_on_loss
-        self.lost = asyncio.Event()
-        self.reason: str | None = None
         self.closed = False  # released, transferred or abandoned: nothing more to do
         self.loop = asyncio.get_running_loop()
-        self.task: asyncio.Task[None] | None = None
         self.lease_ref: Callable[[], HeldLease | None] = lambda: None
         # The ``async with`` body, cancelled on loss; set by _Hold.__aenter__.
         self.body: asyncio.Task[Any] | None = None
@@ -244,50 +251,27 @@ class _State:
         self.cancelled_body = False
 
     @property
-    def deadline(self) -> float:
-        return self.valid_from + self.renew_deadline
+    def lost(self) -> asyncio.Event:
+        return self.renewer.lost
 
-    def start(self) -> None:
-        self.task = self.loop.create_task(self._run(), name=f"tenure-renew-{self.key!r}")
+    @property
+    def reason(self) -> str | None:
+        return self.renewer.reason
 
-    async def stop(self) -> None:
-        task, self.task = self.task, None
-        if task is None or task is asyncio.current_task():
-            return
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    def check(self) -> bool:
+        """False once the lease is lost (the renew deadline passing counts, checked on the clock)."""
+        return self.renewer.check()
 
-    def check_deadline(self) -> bool:
-        """False (and marked lost) once the renew deadline has passed without a renewal."""
-        if self.lost.is_set():
-            return False
-        if time.monotonic() >= self.deadline:
-            # Raised in the caller's own task, so the body is not cancelled from here.
-            self.mark_lost(self._deadline_reason(None), cancel_body=False)
-            return False
-        return True
-
-    def _deadline_reason(self, error: object) -> str:
-        reason = (
-            f"no renewal succeeded within the renew deadline of {self.renew_deadline * 1000:g} ms"
-        )
-        if error is not None:
-            reason += f" (last error: {error})"
-        return reason
-
-    def mark_lost(self, reason: str, *, cancel_body: bool = True) -> None:
-        if self.lost.is_set() or self.closed:
-            return
-        self.reason = reason
-        self.lost.set()
-        logger.warning("lease %r of %r lost: %s", self.key, self.owner, reason)
+    def _on_renewer_lost(self, reason: str) -> None:
         body = self.body
+        # Whoever notices the loss, the body is cancelled, unless the body is the
+        # one looking (``ensure_held`` then raises in it directly).
         if (
-            cancel_body
-            and self.cancel_on_loss
+            self.cancel_on_loss
             and body is not None
             and not self.exiting
             and not body.done()
+            and body is not asyncio.current_task()
         ):
             self.cancelled_body = True
             body.cancel(f"lease {self.key!r} lost: {reason}")
@@ -307,74 +291,15 @@ class _State:
         except Exception:
             logger.exception("on_lost callback for lease %r raised", self.key)
 
-    async def _run(self) -> None:
-        try:
-            while not self.closed:
-                await asyncio.sleep(max(0.0, self.valid_from + self.renew_every - time.monotonic()))
-                if not await self._renew_once():
-                    return
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            # A bug here must not end the renewal silently: the holder is told.
-            logger.exception("renewal of lease %r failed unexpectedly", self.key)
-            self.mark_lost(f"the renewal task failed: {exc!r}")
-
-    async def _renew_once(self) -> bool:
-        """One renewal, retried until the renew deadline; False once the lease is lost."""
-        delay = min(_MIN_BACKOFF, self.renew_every / 4)
-        error: object = None
-        while True:
-            deadline = self.deadline
-            sent = time.monotonic()
-            if sent >= deadline or self.lost.is_set():
-                self.mark_lost(self._deadline_reason(error))
-                return False
-            try:
-                # A call that hangs (a paused server) is abandoned at the deadline.
-                ok = await asyncio.wait_for(
-                    self.provider.renew_lease(self.key, self.owner, self.ttl_ms),
-                    timeout=deadline - sent,
-                )
-            except BackendClosed:
-                self.mark_lost("the backend was closed")
-                return False
-            except Exception as exc:
-                error = (
-                    "the renew call did not return in time"
-                    if isinstance(exc, TimeoutError)
-                    else repr(exc)
-                )
-                logger.warning(
-                    "renewing lease %r of %r failed, retrying until the renew deadline: %s",
-                    self.key,
-                    self.owner,
-                    error,
-                )
-                await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
-                delay = min(delay * 2, self.renew_every / 2)
-                continue
-            if not ok:
-                self.mark_lost("the backend reports the lease is no longer held by its owner")
-                return False
-            if time.monotonic() >= deadline:
-                # Succeeded, but too late: the body ran past its safe window.
-                self.mark_lost(self._deadline_reason("the renewal succeeded only after it"))
-                return False
-            self.valid_from = sent
-            return True
-
     def abandon(self) -> None:
         """The lease object was collected unreleased: stop renewing and release it."""
         if self.closed:
             return
         self.closed = True
-        if self.task is not None:
-            self.task.cancel()
-            self.task = None
         _spawn(self._release_quietly(), f"tenure-release-{self.key!r}")
 
     async def _release_quietly(self) -> None:
+        await self.renewer.stop(final=True)
         try:
             await self.provider.release_lease(self.key, self.owner)
         except Exception as exc:
@@ -443,14 +368,14 @@ class HeldLease:
         called) without cancelling the caller.
         """
         s = self._s
-        return not s.closed and s.check_deadline()
+        return not s.closed and s.check()
 
     def ensure_held(self) -> None:
         """Raise :class:`~tenure.LeaseLost` unless the lease is held (call it before acting)."""
         s = self._s
         if s.closed and not s.lost.is_set():
             raise LeaseLost(s.key, s.owner, "it was released or transferred")
-        if not s.check_deadline():
+        if not s.check():
             raise LeaseLost(s.key, s.owner, s.reason or "lost")
 
     async def transfer_to(self, new_owner: str, ttl_ms: int | None = None) -> bool:
@@ -458,28 +383,29 @@ class HeldLease:
 
         ``ttl_ms`` defaults to this lease's TTL. True when handed over; False
         when this owner no longer held it (the lease is then marked lost, and
-        ``new_owner`` should fall back to acquiring). If the backend fails, the
-        error propagates, the outcome is unknown and renewal resumes (a
-        renewal then tells whether the lease is still ours).
+        ``new_owner`` should fall back to acquiring). Renewal goes on until the
+        transfer succeeds, so if the backend fails (the error propagates, the
+        outcome is unknown) or the call is cancelled, the next renewal tells
+        whether the lease is still ours.
         """
         check_name(new_owner, "new_owner")
         s = self._s
         ttl = s.ttl_ms if ttl_ms is None else check_ttl(ttl_ms)
         if s.closed:
             return False
-        await s.stop()
-        try:
+        renewer = s.renewer
+        async with renewer.paused():
+            if s.closed or not renewer.check():
+                return False
             ok = await s.provider.transfer_lease(s.key, s.owner, new_owner, ttl)
-        except BaseException:
-            if not s.closed and not s.lost.is_set():
-                s.start()
-            raise
+            if ok:
+                s.closed = True
+                renewer.finished = True
         if not ok:
-            s.mark_lost(
-                "the transfer found the lease no longer held by its owner", cancel_body=False
-            )
-        s.closed = True
-        return ok
+            renewer.lose("the transfer found the lease no longer held by its owner")
+            return False
+        await renewer.stop(final=True)
+        return True
 
     async def release(self) -> None:
         """Stop renewing and release the lease; idempotent.
@@ -493,7 +419,7 @@ class HeldLease:
         if s.closed:
             return
         s.closed = True
-        await s.stop()
+        await s.renewer.stop(final=True)
         await s.provider.release_lease(s.key, s.owner)
 
     def __repr__(self) -> str:
@@ -598,7 +524,7 @@ class _Hold:
         )
         lease = HeldLease(state)
         state.lease_ref = weakref.ref(lease)
-        state.start()
+        state.renewer.start()
         self._lease = lease
         return lease
 
@@ -616,6 +542,9 @@ class _Hold:
         lease = self._lease
         assert lease is not None
         s = lease._s
+        # A body that finished after the renew deadline ran past its safe window
+        # without being told: found here, it is a loss like any other.
+        lost_at_exit = exc_type is None and not s.closed and not s.lost.is_set() and not s.check()
         s.exiting = True
         # Our own cancellation may not have reached the body (it finished first):
         # then it is still pending and would hit the release below.
@@ -638,7 +567,7 @@ class _Hold:
             s.cancelled_body
             and not others_cancelled
             and (exc_type is None or exc_type is asyncio.CancelledError)
-        ):
+        ) or (lost_at_exit and s.cancel_on_loss):
             raise LeaseLost(s.key, s.owner, s.reason or "lost") from exc
 
     @staticmethod

@@ -8,8 +8,9 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
+from ._contract import Capability
 from ._errors import InvalidArgument
 from ._lifecycle import AsyncCloseable
 from ._validate import check_name
@@ -101,7 +102,12 @@ class PubSub(AsyncCloseable, abc.ABC):
     that share a ``group`` compete: each event goes to one of them. A callback
     that returns acknowledges the event; one that raises gets it redelivered,
     up to the backend's ``max_attempts``, after which it is dropped and logged.
+
+    A subclass whose groups outlive a process and redeliver what a dead member
+    never acknowledged declares ``Capability.DURABLE_GROUPS`` as well.
     """
+
+    capabilities: ClassVar[Capability] = Capability.EVENTS
 
     @abc.abstractmethod
     async def publish(self, topic: str, event: Event) -> Event:

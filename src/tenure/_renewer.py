@@ -199,7 +199,7 @@ class Renewer:
                 delay = min(delay * 2, self.every / 2)
                 continue
             if not ok:
-                self.lose("the backend reports the lease is no longer held by its owner")
+                self.lose("a renewal was refused: the backend reports the lease is no longer held by its owner")
                 return False
             if self._clock() >= deadline:
                 self.lose(self._deadline_reason("the renewal succeeded only after it"))

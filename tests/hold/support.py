@@ -47,7 +47,12 @@ class FiveMethodsOnly:
 
 
 class WithGetLease(FiveMethodsOnly):
-    """Five methods plus ``get_lease`` (no wake-up, no batch renew)."""
+    """Five methods plus ``get_lease`` (no wake-up, no batch renew).
+
+    Declares it by name, as a backend that does not import tenure would.
+    """
+
+    capabilities = frozenset({"record"})
 
     async def get_lease(self, key: str) -> LeaseRecord | None:
         self.calls["get_lease"] += 1

@@ -122,6 +122,8 @@ async def test_without_extensions_the_waiter_backs_off_instead_of_polling() -> N
 class Refusing(FiveMethodsOnly):
     """Refuses every grant without naming a holder, like Redis in quarantine after a restart."""
 
+    capabilities = tenure.Capability.RECORD | tenure.Capability.RELEASE_WAKEUPS
+
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> tenure.AcquireResult:
         self.calls["acquire_lease"] += 1
         return tenure.AcquireResult(False, None, None)

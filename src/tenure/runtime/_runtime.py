@@ -107,7 +107,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self, cast
 
-from .._contract import LeaseProvider
+from .._contract import Backend, Capability, LeaseProvider, capabilities_of
 from .._detect import NoopLeaseProvider, is_lease_provider, lease_provider_for
 from .._errors import (
     BackendClosed,
@@ -117,8 +117,8 @@ from .._errors import (
     TenureError,
 )
 from .._pubsub import Event
+from .._renewer import Renewer
 from .._validate import MAX_NAME_BYTES, check_name, check_timeout, check_ttl
-from ..backends.memory import MemoryPubSub
 from ._log import LocalLog, local_log_for
 from ._types import EventKind, OnEvent, RuntimeEvent, SendResult, Signal
 
@@ -213,9 +213,16 @@ class ThreadRun:
         return self._session.lost
 
     def ensure_held(self) -> None:
-        """Raise :class:`~tenure.LeaseLost` if this run's lease was lost."""
-        if self._session.lost.is_set():
-            raise LeaseLost(self._session.lease_key, self._session.owner, self._session.lost_reason)
+        """Raise :class:`~tenure.LeaseLost` unless this run's lease is held (call it before acting).
+
+        Like :meth:`tenure.HeldLease.ensure_held` (the same renewer decides): it
+        raises once the renew deadline has passed without a successful renewal,
+        judged on the clock here, so also right after the process was paused or
+        while a renew call hangs.
+        """
+        session = self._session
+        if not session.renewer.check() or session.lost.is_set():
+            raise LeaseLost(session.lease_key, session.owner, session.lost_reason or "lost")
 
     def _ack_current(self) -> None:
         if self._current is not None:
@@ -257,6 +264,7 @@ class _Session:
         sid: str,
         owner: str,
         token: int | None,
+        sent_at: float,
     ) -> None:
         self.rt = rt
         self.thread_key = thread_key
@@ -270,20 +278,27 @@ class _Session:
         self.buffer: deque[_Pending] = deque()
         self.inflight: dict[str, _Pending] = {}
         self.arrived = asyncio.Event()
-        self.lost = asyncio.Event()
+        # The lease is kept by the same component as tenure.hold's: one view of
+        # when it counts as lost (per-call time limit, deadline from the send).
+        self.renewer = Renewer(
+            rt.provider,
+            self.lease_key,
+            owner,
+            rt.ttl_ms,
+            sent_at=sent_at,
+            every=rt.renew_every_ms / 1000,
+            deadline=rt.renew_deadline_ms / 1000,
+            on_lost=self._lose,
+        )
+        self.lost = self.renewer.lost
         self.lost_reason = ""
         self.marker_seq = 0
         self.marker_seen = asyncio.Event()
         self.closing = False
         self.done = False
-        # Set once the session stops renewing, right before it releases the lease.
-        self.releasing = False
         self.late_send = False
-        self.lease_lock = asyncio.Lock()
-        self.last_renewed = time.monotonic()
         self.run_task: asyncio.Task[bool] | None = None
         self.main_task: asyncio.Task[None] | None = None
-        self.renew_task: asyncio.Task[None] | None = None
         self.subscribed = False
         # The event still to emit when the first run starts (a watcher's "takeover").
         self.announce: EventKind | None = None
@@ -372,20 +387,20 @@ class _Session:
             self.subscribed = True
             if self.owner.endswith(".0"):
                 opened = f"{self.owner[:-2]}.1"
-                async with self.lease_lock:
-                    if not await rt.provider.transfer_lease(
+                async with self.renewer.paused():
+                    sent = time.monotonic()
+                    if not self.renewer.check() or not await rt.provider.transfer_lease(
                         self.lease_key, self.owner, opened, rt.ttl_ms
                     ):
                         raise LeaseLost(self.lease_key, self.owner, "expired while opening")
-                    self.owner = opened
-                    self.run_id = _run_of(opened) or opened
-                    self.last_renewed = time.monotonic()
+                    self._moved(opened, sent)
                     self.token = await rt.read_token(self.lease_key, opened)
         except BaseException as exc:
             self.done = True
             with contextlib.suppress(TenureError):
                 if self.subscribed:
                     await rt.log.unsubscribe(self.topic, self.on_event)
+                await self.renewer.stop(final=True)
                 await rt.provider.release_lease(self.lease_key, self.owner)
             if self.subscribed and not self.lost.is_set():
                 # What the subscription read went back to the group, maybe after the
@@ -396,9 +411,16 @@ class _Session:
             raise
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self.renew_task = loop.create_task(self._renew_loop(), name=f"tenure-renew-{self.sid}")
-        self.main_task = loop.create_task(self._main(), name=f"tenure-session-{self.sid}")
+        self.renewer.start()
+        self.main_task = asyncio.get_running_loop().create_task(
+            self._main(), name=f"tenure-session-{self.sid}"
+        )
+
+    def _moved(self, owner: str, sent_at: float) -> None:
+        """The lease now belongs to ``owner`` (a transfer sent at ``sent_at`` succeeded)."""
+        self.owner = owner
+        self.run_id = _run_of(owner) or owner
+        self.renewer.moved(owner, sent_at)
 
     async def _main(self) -> None:
         rt = self.rt
@@ -523,9 +545,10 @@ class _Session:
         previous = self.run_id
         run_id = f"{self.sid}.{self.runs + 1}"
         new_owner = f"{rt.process_id}/{run_id}"
-        async with self.lease_lock:
-            if self.lost.is_set():
+        async with self.renewer.paused():
+            if not self.renewer.check():
                 return False
+            sent = time.monotonic()
             try:
                 ok = await rt.provider.transfer_lease(
                     self.lease_key, self.owner, new_owner, rt.ttl_ms
@@ -540,58 +563,23 @@ class _Session:
                 except TenureError:
                     ok = False
             if not ok:
-                self._lose("the lease was no longer held at hand-over")
+                self.renewer.lose("the lease was no longer held at hand-over")
                 return False
-            self.owner = new_owner
-            self.run_id = run_id
-            self.last_renewed = time.monotonic()
+            self._moved(new_owner, sent)
             self.token = await rt.read_token(self.lease_key, new_owner)
         rt.emit("handover", self.thread_key, run_id=run_id, token=self.token, detail=previous)
         return True
 
-    async def _renew_loop(self) -> None:
-        rt = self.rt
-        every = rt.renew_every_ms / 1000
-        give_up_after = (rt.ttl_ms - rt.renew_every_ms) / 1000
-        delay = every
-        while True:
-            await asyncio.sleep(delay)
-            async with self.lease_lock:
-                # Renewals go on while a closing session unsubscribes: its unfinished
-                # signals must be back in the group before anyone else can own the thread.
-                if self.lost.is_set() or self.releasing:
-                    return
-                started = time.monotonic()
-                try:
-                    ok: bool | None = await rt.provider.renew_lease(
-                        self.lease_key, self.owner, rt.ttl_ms
-                    )
-                except TenureError as exc:
-                    logger.warning("renewing %r failed: %s", self.lease_key, exc)
-                    ok = None
-            if ok:
-                self.last_renewed = started
-                delay = every
-            elif ok is False:
-                self._lose("a renewal was refused (the lease expired or was taken)")
-                return
-            elif time.monotonic() - self.last_renewed >= give_up_after:
-                self._lose("no renewal succeeded before the renew deadline")
-                return
-            else:
-                delay = min(every, 0.2)
-
     def _lose(self, reason: str) -> None:
-        if self.lost.is_set() or self.releasing:
-            return
+        """The renewer declared the lease lost: tell the run and stop it."""
         self.lost_reason = reason
-        self.lost.set()
         logger.warning(
             "run %s of thread %r lost its lease: %s", self.run_id, self.thread_key, reason
         )
         self.rt.emit("lost", self.thread_key, run_id=self.run_id, token=self.token, detail=reason)
-        if self.rt.cancel_on_loss and self.run_task is not None:
-            self.run_task.cancel()
+        task = self.run_task
+        if self.rt.cancel_on_loss and task is not None and task is not asyncio.current_task():
+            task.cancel()
 
     async def _cleanup(self) -> None:
         rt = self.rt
@@ -605,15 +593,14 @@ class _Session:
             # the group here; the lease is still held (and renewed) meanwhile, so the
             # next session, which subscribes after our release, finds them at once.
             await rt.unsubscribe(self.topic, self.on_event, self.thread_key)
-        self.releasing = True
-        if self.renew_task is not None:
-            self.renew_task.cancel()
-            await asyncio.gather(self.renew_task, return_exceptions=True)
+        # Renewals went on while unsubscribing: unfinished signals must be back in
+        # the group before anyone else can own the thread.
+        lost = self.lost.is_set()
+        await self.renewer.stop(final=True)
         released = False
         try:
-            async with self.lease_lock:
-                await rt.provider.release_lease(self.lease_key, self.owner)
-            released = not self.lost.is_set()
+            await rt.provider.release_lease(self.lease_key, self.owner)
+            released = not lost
         except TenureError as exc:
             logger.warning("releasing %r failed: %s", self.lease_key, exc)
         if released and self.announce is None:
@@ -666,6 +653,7 @@ class ThreadRuntime:
         lease_provider: Any = None,
         ttl_ms: int = 15_000,
         renew_every_ms: int | None = None,
+        renew_deadline_ms: int | None = None,
         idle_timeout: float = 1.0,
         process_id: str | None = None,
         on_event: OnEvent | None = None,
@@ -685,6 +673,16 @@ class ThreadRuntime:
             raise InvalidArgument(
                 f"renew_every_ms must be less than ttl_ms ({ttl_ms}), got {renew_every_ms}"
             )
+        if renew_deadline_ms is None:
+            # Two thirds of the TTL, as for tenure.hold, but never before a renewal
+            # sent on time could have had a chance to come back.
+            renew_deadline_ms = max(2 * self.ttl_ms // 3, (self.renew_every_ms + self.ttl_ms) // 2)
+        self.renew_deadline_ms = check_ttl(renew_deadline_ms, "renew_deadline_ms")
+        if not self.renew_every_ms < self.renew_deadline_ms < self.ttl_ms:
+            raise InvalidArgument(
+                f"renew_deadline_ms must be between renew_every_ms ({self.renew_every_ms}) and "
+                f"ttl_ms ({self.ttl_ms}), got {renew_deadline_ms}"
+            )
         self.idle_timeout = check_timeout(idle_timeout, "idle_timeout")
         if self.idle_timeout <= 0:
             raise InvalidArgument("idle_timeout must be greater than 0")
@@ -699,12 +697,11 @@ class ThreadRuntime:
         if on_event is not None and not callable(on_event):
             raise InvalidArgument(f"on_event must be callable, got {type(on_event).__name__}")
         self.namespace = check_name(namespace, "namespace")
-        if not all(
-            callable(getattr(backend, m, None)) for m in ("publish", "subscribe", "unsubscribe")
-        ):
+        capabilities = capabilities_of(backend)
+        if Capability.EVENTS not in capabilities:
             raise ConfigurationError(
                 f"{type(backend).__name__} cannot carry signals: the runtime needs a backend "
-                "with publish/subscribe (a PubSub)"
+                "that declares Capability.EVENTS (a PubSub)"
             )
         if lease_provider is None:
             provider = lease_provider_for(backend)
@@ -728,7 +725,9 @@ class ThreadRuntime:
                 type(backend).__name__,
             )
             self.log = LocalLog()
-        elif isinstance(backend, MemoryPubSub):
+        elif Capability.DURABLE_GROUPS not in capabilities:
+            # Events that do not outlive a subscriber (memory://) cannot hold a
+            # thread's signals between sessions: keep them in this process's log.
             self.log = local_log_for(backend)
         else:
             self.log = backend
@@ -947,10 +946,11 @@ class ThreadRuntime:
         topic = self.topic(thread_key)
         phase = 1 if self._local or topic in self._known else 0
         owner = f"{self.process_id}/{sid}.{phase}"
+        sent = time.monotonic()
         result = await self.provider.acquire_lease(self.lease_key(thread_key), owner, self.ttl_ms)
         if not result.acquired:
             return None, result.owner
-        session = _Session(self, thread_key, sid, owner, result.token)
+        session = _Session(self, thread_key, sid, owner, result.token, sent)
         self._sessions[thread_key] = session
         await session.open()
         self._remember(topic)
@@ -999,16 +999,16 @@ class ThreadRuntime:
             logger.warning("unsubscribing from %r failed: %s", topic, exc)
 
     async def read_token(self, lease_key: str, owner: str) -> int | None:
-        getter = getattr(self.provider, "get_lease", None)
-        if not callable(getter):
+        """The token of ``owner``'s lease after a transfer (``None`` without ``Capability.RECORD``)."""
+        if Capability.RECORD not in capabilities_of(self.provider):
             return None
         try:
-            record = await getter(lease_key)
+            record = await cast(Backend, self.provider).get_lease(lease_key)
         except TenureError:
             return None
         if record is None or record.owner != owner:
             return None
-        return cast(int, record.token)
+        return record.token
 
     # -- watching threads routed elsewhere ---------------------------------------
 
