@@ -8,6 +8,7 @@ network error at the unit level (the real-server version is in test_pause.py).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from typing import Any
 
@@ -97,3 +98,8 @@ class Flaky(FiveMethodsOnly):
             self.hangs += 1
             await asyncio.Event().wait()
         return await super().renew_lease(key, owner, ttl_ms)
+
+
+def stall(seconds: float) -> None:
+    """Block the whole event loop, as a paused process (GC, swap, SIGSTOP) would."""
+    time.sleep(seconds)

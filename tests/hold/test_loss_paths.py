@@ -14,7 +14,7 @@ import pytest
 import tenure
 from tenure import LeaseLost, MemoryPubSub
 
-from .support import FiveMethodsOnly, Flaky
+from .support import FiveMethodsOnly, Flaky, stall
 
 
 class HangingTransfer(FiveMethodsOnly):
@@ -29,17 +29,17 @@ async def test_a_loss_noticed_by_another_task_cancels_the_body() -> None:
         flaky = Flaky(memory)
         ran_on = False
         noticed: list[bool] = []
-        with pytest.raises(LeaseLost):
+        with pytest.raises(LeaseLost):  # noqa: PT012 - the whole block is what raises
             async with tenure.hold(flaky, "k", "a", ttl_ms=300) as lease:
 
                 async def look() -> None:
-                    while lease.held:
+                    while lease.held:  # noqa: ASYNC110 - polling ``held`` is the point
                         await asyncio.sleep(0.01)
                     noticed.append(True)
 
                 watcher = asyncio.create_task(look())
                 flaky.hanging = True
-                time.sleep(0.35)  # the process stalls past the 200 ms renew deadline
+                stall(0.35)  # the process stalls past the 200 ms renew deadline
                 await asyncio.sleep(0.6)
                 ran_on = True
         await watcher
@@ -53,7 +53,7 @@ async def test_a_body_that_ends_after_its_renew_deadline_raises_lease_lost() -> 
     async with MemoryPubSub() as memory:
         with pytest.raises(LeaseLost, match="renew deadline"):
             async with tenure.hold(memory, "k", "a", ttl_ms=300) as lease:
-                time.sleep(0.25)  # past the 200 ms deadline, before any renewal could run
+                stall(0.25)  # past the 200 ms deadline, before any renewal could run
         assert lease.lost.is_set()
 
 
@@ -61,7 +61,7 @@ async def test_a_body_that_ends_after_its_renew_deadline_raises_lease_lost() -> 
 async def test_a_body_that_ends_in_time_does_not_raise() -> None:
     async with MemoryPubSub() as memory:
         async with tenure.hold(memory, "k", "a", ttl_ms=300) as lease:
-            time.sleep(0.15)  # stalls, but within the 200 ms deadline
+            stall(0.15)  # stalls, but within the 200 ms deadline
         assert not lease.lost.is_set()
 
 

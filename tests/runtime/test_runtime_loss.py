@@ -16,7 +16,7 @@ import pytest
 from tenure import LeaseLost, MemoryPubSub, ThreadRun, ThreadRuntime
 from tenure.testing import eventually
 
-from ..hold.support import Flaky
+from ..hold.support import Flaky, stall
 
 
 @pytest.mark.asyncio
@@ -43,9 +43,7 @@ async def test_a_run_whose_renewals_hang_is_told_before_another_run_can_start() 
 
     async with MemoryPubSub() as memory:
         flaky = Flaky(memory)
-        a = ThreadRuntime(
-            memory, handler, lease_provider=flaky, ttl_ms=600, cancel_on_loss=False
-        )
+        a = ThreadRuntime(memory, handler, lease_provider=flaky, ttl_ms=600, cancel_on_loss=False)
         b = ThreadRuntime(memory, handler, ttl_ms=600, watch_interval=0.05)
         async with a, b:
             await a.send_signal("t", 1)
@@ -70,17 +68,17 @@ async def test_ensure_held_raises_right_after_the_owner_was_paused_past_its_dead
 
     async def handler(run: ThreadRun) -> None:
         async for _ in run.signals():
-            time.sleep(0.45)  # the whole process stalls past the 400 ms deadline
+            stall(0.45)  # the whole process stalls past the 400 ms deadline
             try:
                 run.ensure_held()
                 outcome.append("held")
             except LeaseLost:
                 outcome.append("lost")
 
-    async with MemoryPubSub() as memory:
-        async with ThreadRuntime(memory, handler, ttl_ms=600, cancel_on_loss=False) as rt:
-            await rt.send_signal("t", 1)
-            await eventually(lambda: bool(outcome), timeout=5)
+    memory = MemoryPubSub()
+    async with memory, ThreadRuntime(memory, handler, ttl_ms=600, cancel_on_loss=False) as rt:
+        await rt.send_signal("t", 1)
+        await eventually(lambda: bool(outcome), timeout=5)
     assert outcome == ["lost"]
 
 
@@ -90,12 +88,11 @@ async def test_a_run_within_its_deadline_is_held() -> None:
 
     async def handler(run: ThreadRun) -> None:
         async for _ in run.signals():
-            time.sleep(0.1)
+            stall(0.1)
             run.ensure_held()
             outcome.append("held")
 
-    async with MemoryPubSub() as memory:
-        async with ThreadRuntime(memory, handler, ttl_ms=600) as rt:
-            await rt.send_signal("t", 1)
-            await eventually(lambda: bool(outcome), timeout=5)
+    async with MemoryPubSub() as memory, ThreadRuntime(memory, handler, ttl_ms=600) as rt:
+        await rt.send_signal("t", 1)
+        await eventually(lambda: bool(outcome), timeout=5)
     assert outcome == ["held"]
