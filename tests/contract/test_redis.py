@@ -22,6 +22,7 @@ from ..redis.helpers import delete_prefix
 async def redis_backend(redis_url: str, unique: str) -> AsyncIterator[RedisStreamsPubSub]:
     prefix = f"tenure-test-{unique}:"
     backend = from_url(redis_url, prefix=prefix, quarantine=False)
+    assert isinstance(backend, RedisStreamsPubSub)
     try:
         yield backend
     finally:

@@ -53,11 +53,18 @@ async def test_url_options_and_repr_without_password() -> None:
 @pytest.mark.parametrize(
     ("url", "match"),
     [
-        ("redis://localhost/0?prefx=a:", "unknown query parameter 'prefx'"),
-        ("redis://localhost/0?max_ttl_ms=soon", "bad value for 'max_ttl_ms'"),
-        ("redis://localhost/0?quarantine=maybe", "bad value for 'quarantine'"),
-        ("redis://localhost/0?retry_on_timeout=yes", "unknown query parameter"),
+        ("redis://localhost/0?prefx=a:", "unknown Redis URL option 'prefx'"),
+        ("redis://localhost/0?max_ttl_ms=soon", "bad value for Redis URL option 'max_ttl_ms'"),
+        ("redis://localhost/0?quarantine=maybe", "bad value for Redis URL option 'quarantine'"),
+        ("redis://localhost/0?retry_on_timeout=yes", "retried lease script could run twice"),
+        ("redis://localhost/0?retry_on_error=x", "retried lease script could run twice"),
+        ("redis://localhost/0?decode_responses=false", "decode_responses"),
         ("redis://localhost/0?prefix=a{b}:", "without braces"),
+        ("redis://localhost/0?db=1&db=2", "given twice"),
+        # Options the connection class does not take fail at once, not at first use.
+        ("redis://localhost/0?ssl_ca_certs=/ca.pem", "ssl_ca_certs"),
+        ("redis://localhost/0?timeout=3", "timeout"),
+        ("redis://localhost/0?protocol=4", "protocol"),
     ],
 )
 def test_bad_urls_raise_configuration_error(url: str, match: str) -> None:
@@ -69,6 +76,91 @@ def test_bad_url_error_hides_the_password() -> None:
     with pytest.raises(ConfigurationError) as info:
         tenure.from_url("redis://u:topsecret-pw@localhost/0?nope=1")
     assert "topsecret-pw" not in str(info.value)
+
+
+# Every option redis-py's own from_url reads from a query, with a value it takes.
+REDIS_PY_OPTIONS = {
+    "db": "2",
+    "socket_timeout": "1.5",
+    "socket_connect_timeout": "2",
+    "socket_read_size": "65536",
+    "socket_keepalive": "true",
+    "retry_on_timeout": "false",
+    "max_connections": "50",
+    "health_check_interval": "5",
+    "protocol": "3",
+    "legacy_responses": "false",
+    "password": "pw",
+    "username": "app",
+    "client_name": "worker-1",
+    "encoding": "utf-8",
+    "encoding_errors": "strict",
+    "ssl_keyfile": "/k.pem",
+    "ssl_certfile": "/c.pem",
+    "ssl_cert_reqs": "none",
+    "ssl_ca_certs": "/ca.pem",
+    "ssl_ca_data": "data",
+    "ssl_ca_path": "/ca",
+    "ssl_ciphers": "HIGH",
+    "ssl_password": "key-pw",
+    "ssl_check_hostname": "false",
+    "ssl_include_verify_flags": "VERIFY_X509_STRICT",
+    "ssl_exclude_verify_flags": "VERIFY_X509_PARTIAL_CHAIN",
+    "ssl_min_version": "771",
+}
+
+
+def test_every_redis_py_url_option_is_accepted() -> None:
+    from redis.connection import URL_QUERY_ARGUMENT_PARSERS
+
+    # Refused (retries) or not taken by redis-py's default pool (``timeout``):
+    # see test_bad_urls_raise_configuration_error.
+    assert set(URL_QUERY_ARGUMENT_PARSERS) - {"retry_on_error", "timeout"} <= set(REDIS_PY_OPTIONS)
+    query = "&".join(f"{name}={value}" for name, value in REDIS_PY_OPTIONS.items())
+    backend = RedisStreamsPubSub.from_url(f"rediss://cache.example:6380/0?{query}")
+    kwargs = backend._client.connection_pool.connection_kwargs
+    assert kwargs["password"] == "pw" and kwargs["ssl_password"] == "key-pw"
+    assert kwargs["db"] == 2 and kwargs["protocol"] == 3 and kwargs["client_name"] == "worker-1"
+    assert kwargs["retry_on_timeout"] is False
+    assert "pw" not in repr(backend)
+    # Taken too, with redis-py's own deprecation warning.
+    with pytest.warns(DeprecationWarning, match="lib_name"):
+        RedisStreamsPubSub.from_url("redis://localhost/0?lib_name=app&lib_version=1.0")
+
+
+def test_retry_keywords_are_refused() -> None:
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    for name, value in [
+        ("retry", Retry(NoBackoff(), 3)),
+        ("retry_on_timeout", True),
+        ("retry_on_error", [TimeoutError]),
+    ]:
+        with pytest.raises(ConfigurationError, match="retried lease script could run twice"):
+            RedisStreamsPubSub.from_url("redis://localhost/0", **{name: value})
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://u:Pw-s3cret@localhost/0?socket_timeout=never",
+        "redis://localhost/0?password=Pw-s3cret&socket_timeout=never",
+        "redis://localhost/0?password=Pw-s3cret&nope=1",
+        "redis://localhost/0?password=Pw-s3cret&protocol=9",
+        "redis://localhost/0?password=Pw-s3cret&timeout=3",
+        "redis://localhost/0?password=Pw-s3cret&password=Pw-s3cret",
+        "rediss://localhost/0?ssl_password=Pw-s3cret&nope=1",
+        "rediss://localhost/0?ssl_password=Pw-s3cret&ssl_cert_reqs=sometimes",
+        "redis://localhost/0?password=Pw%2Ds3cret&max_ttl_ms=soon",
+        "redis://:Pw-s3cret@localhost:port/0",
+    ],
+)
+def test_bad_password_bearing_url_does_not_show_the_password(url: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RedisStreamsPubSub.from_url(url)
+    for text in (str(info.value), repr(info.value)):
+        assert "s3cret" not in text, text
 
 
 def test_keyword_options_override_the_query() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from urllib.parse import quote
 
 import pytest
 
@@ -190,6 +191,34 @@ async def test_wrong_password_never_leaks(
         acl_user = make_backend(server.url_for("alice", "alice-pw-9"), quarantine=False)
         assert (await acl_user.acquire_lease("k", "alice", 1000)).acquired
         assert "alice-pw-9" not in repr(acl_user)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_password_in_the_query(
+    make_backend: MakeBackend, caplog: pytest.LogCaptureFixture, protocol: int
+) -> None:
+    secret = "query-pw&=42"
+    with RedisServer(password=secret) as server:
+        server.command("ACL", "SETUSER", "alice", "on", ">alice pw+9", "~*", "&*", "+@all")
+        base = f"redis://127.0.0.1:{server.port}/0?protocol={protocol}&quarantine=off"
+        good = make_backend(f"{base}&password={quote(secret, safe='')}")
+        assert (await good.acquire_lease("k", "alice", 1000)).acquired
+        assert await good.wait_lease_released("free", 1) is True
+        acl_user = make_backend(f"{base}&username=alice&password={quote('alice pw+9')}")
+        assert await acl_user.get_lease_owner("k") == "alice"
+        wrong = "wrong-pw-77"
+        bad = make_backend(f"{base}&password={wrong}")
+        with caplog.at_level(logging.DEBUG):
+            with pytest.raises(BackendUnavailable) as info:
+                await bad.acquire_lease("k", "bob", 1000)
+            with pytest.raises(BackendUnavailable):
+                await bad.publish("topic", Event(type="t"))
+        texts = [str(info.value), repr(info.value), repr(bad), repr(good), repr(acl_user)]
+        texts += [str(info.value.__cause__), repr(info.value.__cause__)]
+        for password in (secret, quote(secret, safe=""), wrong, "alice pw+9"):
+            assert not any(password in text for text in texts), texts
+            assert password not in caplog.text
 
 
 @pytest.mark.asyncio

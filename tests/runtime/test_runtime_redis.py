@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tenure import Event, ThreadRun, ThreadRuntime
+from tenure import Capability, Event, ThreadRun, ThreadRuntime
 from tenure.backends.redis import RedisStreamsPubSub
 from tenure.testing import eventually
 
@@ -30,6 +30,9 @@ class SlowUnsubscribe:
     Meanwhile the subscription goes on reading, so a signal published then is
     delivered to a session that has already decided to close.
     """
+
+    # The runtime reads the declaration: it forwards pub/sub with durable groups.
+    capabilities = Capability.EVENTS | Capability.DURABLE_GROUPS
 
     def __init__(self, inner: RedisStreamsPubSub, delay: float) -> None:
         self.inner = inner

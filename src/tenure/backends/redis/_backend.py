@@ -1,0 +1,233 @@
+"""``RedisStreamsPubSub``: the lease half and the event half on one connection."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from ..._contract import Capability
+from ..._errors import ConfigurationError, InvalidArgument
+from ..._validate import MAX_TTL_MS
+from ._connection import RedisConnection, client_from_url
+from ._leases import RedisLeases
+from ._streams import RedisStreams
+
+__all__ = ["RedisStreamsPubSub"]
+
+
+class RedisStreamsPubSub(RedisLeases, RedisStreams):
+    """Leases (Lua scripts) and durable pub/sub (Redis Streams) on one Redis.
+
+    **Leases.** Each operation is one Lua script, so the ownership check and
+    the change are one atomic step on the server, in one round trip. Expiry is
+    the key's ``PX`` on the server's clock; the client's clock is never used.
+    A lease key holds ``"<token>:<owner>"``; next to it (same hash slot) a
+    counter key holds the key's last fencing token. A new token is
+    ``max(counter + 1, server time in µs)``, so tokens strictly increase per
+    key also when the counter was cleaned up (it expires after 24 h idle) or
+    lost. Keys are ``<prefix>{<key>}:lease`` and ``<prefix>{<key>}:token``
+    with ``%``, ``{``, ``}`` of the key percent-escaped: the mapping is
+    injective and each script touches one hash slot (Redis Cluster safe).
+
+    **TTL limit.** ``ttl_ms`` may not exceed ``max_ttl_ms`` (default 60 000):
+    it bounds how long a forgotten lease could still be in use, which the
+    quarantine below relies on. Every client of a prefix must use the same
+    ``max_ttl_ms``, at least the largest TTL any of them uses.
+
+    **State loss and quarantine.** A Redis that restarts without persistence
+    forgets every lease; granting at once could give a key two owners. Every
+    grant of a key without a counter therefore looks at the server's uptime
+    (in the same script): if the server started less than ``max_ttl_ms``
+    (+1 s, +1%) ago, a lease granted before the start might still be in use,
+    so the grant is refused and ``acquire_lease`` returns
+    ``AcquireResult(acquired=False, owner=None)`` (no holder can be named).
+    After that window every pre-restart lease has expired and grants resume.
+    Consequences: a key used for the first time within ``max_ttl_ms`` of a
+    server start is refused too (the server cannot tell a fresh start from a
+    loss); on a server that has been up longer, first use is never delayed.
+    ``quarantine=False`` turns the check off (for tests, or when you accept
+    double grants after a restart). Not detected: an operator's ``FLUSHALL``
+    or ``DEL`` on a server up longer than ``max_ttl_ms``; a restart from an
+    RDB snapshot or an AOF with ``appendfsync everysec`` that lost the last
+    writes while keeping older ones; a failover to a replica that had not yet
+    received the latest grants (replication is asynchronous; ``WAIT`` is not
+    used). In all of those a key can have two owners for up to one TTL, but
+    fencing tokens still increase as long as the server clock does not go
+    back. For leases, run Redis with ``appendonly yes``, ``appendfsync
+    always`` and ``maxmemory-policy noeviction``.
+
+    **Eviction.** At first use the backend reads ``maxmemory-policy``; any
+    policy but ``noeviction`` can evict live leases, so it logs a warning, or
+    with ``strict=True`` every operation raises :class:`ConfigurationError`.
+
+    **Failures.** Connection failures and timeouts (``socket_timeout``,
+    default 5 s) raise :class:`BackendUnavailable`; the outcome of the
+    operation is then unknown (every lease operation is safe to retry, but
+    a retried transfer that had succeeded reports ``False``). Lease scripts
+    are never re-sent by a retry layer, so one never runs twice; if an
+    ``EVALSHA`` finds the server's script cache empty (``SCRIPT FLUSH``,
+    restart) it is re-sent once as ``EVAL``, which is safe because
+    ``NOSCRIPT`` means it did not run. The client built by :meth:`from_url`
+    has redis-py's retries off for every other command too (the options that
+    would turn them on are refused); an injected client keeps its own
+    settings for stream commands (and, if it speaks RESP3, for lease
+    commands: build it with ``retry=Retry(NoBackoff(), 0)``). No error, log
+    line or ``repr`` shows the password (of the URL's user-info, of
+    ``?password=``, or of the client's settings).
+
+    **Connections.** Lease commands share one pipelined connection: a lone
+    caller gets one round trip per operation, concurrent callers share
+    writes and reads. Replies later than ``socket_timeout`` fail every
+    waiting call with :class:`BackendUnavailable` and the connection is
+    replaced. Stream commands use redis-py's pool (at most
+    ``max_concurrency`` at once, plus one blocking reader per subscription);
+    :meth:`wait_lease_released` uses one pub/sub connection.
+
+    **Waiting.** ``release_lease`` and ``transfer_lease`` publish the key on
+    ``<prefix>lease-released``; :meth:`wait_lease_released` listens on one
+    pub/sub connection per backend and wakes one local waiter per message.
+    During a quarantine it waits for the quarantine's end instead of
+    answering "free" at once.
+
+    **Construction.** ``RedisStreamsPubSub(client, **options)`` takes an
+    existing ``redis.asyncio.Redis`` (``decode_responses`` must be off); it
+    is not closed by :meth:`aclose` unless ``owns_client=True``.
+    :meth:`from_url` builds and owns its client. Nothing connects before the
+    first operation.
+
+    **Events.** A topic is a stream ``<prefix>{<topic>}:stream`` (``XADD``
+    with ``MAXLEN ~ stream_maxlen``; trimming can drop events a slow group
+    has not read). A ``group`` is a consumer group (created at the stream's
+    end the first time, then durable); a fan-out subscription gets a private
+    group that is destroyed on unsubscribe and on ``aclose()`` (a process that
+    dies leaves it behind: it holds no data but stays listed). A callback
+    that returns acknowledges (``XACK``); one that raises gets the event again
+    with ``attempt`` increased, up to ``max_attempts`` (default 5), then the
+    event is acknowledged, dropped and logged at ERROR. Events a dead member
+    of a group never acknowledged are claimed by a live member after
+    ``claim_idle_ms`` (default 30 000) idle, with ``attempt`` = deliveries so
+    far + 1. Events a member had not acknowledged when it unsubscribed (or
+    its backend was closed) are handed back to the group at once and taken by
+    the next member that looks (see :meth:`unsubscribe`). Delivery is at
+    least once: a callback slower than ``claim_idle_ms`` can see its event
+    handed to another member too.
+    """
+
+    capabilities = (
+        Capability.RECORD
+        | Capability.RENEW_MANY
+        | Capability.RELEASE_WAKEUPS
+        | Capability.ATOMIC_TRANSFER
+        | Capability.EVENTS
+        | Capability.DURABLE_GROUPS
+    )
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = "tenure:",
+        max_ttl_ms: int = 60_000,
+        quarantine: bool = True,
+        strict: bool = False,
+        max_attempts: int = 5,
+        stream_maxlen: int = 100_000,
+        claim_idle_ms: int = 30_000,
+        block_ms: int = 1000,
+        max_concurrency: int = 128,
+        owns_client: bool = False,
+    ) -> None:
+        if not isinstance(client, aioredis.Redis):
+            raise ConfigurationError(
+                f"client must be a redis.asyncio.Redis, got {type(client).__name__}"
+            )
+        kwargs = client.connection_pool.connection_kwargs
+        if kwargs.get("decode_responses"):
+            raise ConfigurationError("the Redis client must have decode_responses=False")
+        if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
+            raise ConfigurationError(f"prefix must be a str without braces, got {prefix!r}")
+        for name, value in [
+            ("max_ttl_ms", max_ttl_ms),
+            ("max_attempts", max_attempts),
+            ("stream_maxlen", stream_maxlen),
+            ("claim_idle_ms", claim_idle_ms),
+            ("block_ms", block_ms),
+            ("max_concurrency", max_concurrency),
+        ]:
+            if type(value) is not int or value < 1:
+                raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
+        if max_ttl_ms > MAX_TTL_MS:
+            raise InvalidArgument(f"max_ttl_ms must be at most {MAX_TTL_MS}, got {max_ttl_ms}")
+        super().__init__(max_ttl_ms=max_ttl_ms)
+        conn = RedisConnection(client, strict=bool(strict), max_concurrency=max_concurrency)
+        self._conn = conn
+        self._client = client
+        self._owns_client = owns_client
+        # Bound once: the lease operations' hot path saves the lookups.
+        self._eval = conn.eval
+        self._call = conn.call
+        self._io = conn.io
+        self._where = conn.where
+        self._prefix = prefix
+        self._p = prefix.encode("utf-8")
+        self._instance = uuid.uuid4().hex[:12]
+        self._setup_leases(quarantine_ms=max_ttl_ms if quarantine else 0)
+        socket_timeout = kwargs.get("socket_timeout")
+        # A blocking read must return before the socket timeout fires.
+        if socket_timeout:
+            block_ms = max(1, min(block_ms, int(socket_timeout * 500)))
+        self._setup_streams(
+            max_attempts=max_attempts,
+            stream_maxlen=stream_maxlen,
+            claim_idle_ms=claim_idle_ms,
+            block_ms=block_ms,
+        )
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisStreamsPubSub:
+        """``redis://[user[:password]@]host[:port][/db][?…]`` or ``rediss://…`` (TLS).
+
+        Query parameters: tenure's ``prefix``, ``max_ttl_ms``, ``quarantine``,
+        ``strict``, ``max_attempts``, ``stream_maxlen``, ``claim_idle_ms`` and
+        ``max_concurrency`` (see the class docstring), and every option
+        redis-py's own ``from_url`` takes (``db``, ``password``, ``username``,
+        ``protocol``, ``socket_timeout``, ``client_name``, the ``ssl_*``
+        options…), passed on as written. Refused, because they would turn
+        redis-py's retries on and a retried lease script could run twice:
+        ``retry_on_timeout=true``, ``retry_on_error`` (and the keywords
+        ``retry``, ``retry_on_timeout``, ``retry_on_error``); refused too:
+        ``decode_responses``. Any other parameter, a bad value, or an option
+        the connection class does not take raises :class:`ConfigurationError`,
+        whose message never shows a password. Keyword ``options`` override the
+        query. Nothing is connected until first use.
+        """
+        client, ours = client_from_url(url, options)
+        ours["owns_client"] = True
+        return cls(client, **ours)
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"RedisStreamsPubSub({self._where}, prefix={self._prefix!r}{state})"
+
+    async def aclose(self) -> None:
+        """Stop every reader and the listener, drop private groups, close connections."""
+        if self._closed:
+            return
+        self._closed = True
+        subs = self._take_subs()
+        listener = self._cancel_listener()
+        await asyncio.gather(*(self._stop(sub) for sub in subs))
+        if listener is not None:
+            await asyncio.gather(listener, return_exceptions=True)
+        self._waiters.wake_all()
+        await self._retire_all(subs)
+        await self._conn.aclose(close_client=self._owns_client)
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        if not getattr(self, "_closed", True) and getattr(self, "_subs", None):
+            _warn(f"unclosed {self!r} with active subscriptions", ResourceWarning, stacklevel=1)

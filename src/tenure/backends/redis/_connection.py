@@ -1,0 +1,597 @@
+"""The connection to one Redis: building the client, the pipelined lease
+connection, the first-use check, and the one translation of driver errors.
+
+:class:`RedisConnection` is the only place where redis-py's errors (and the
+socket's) become :class:`BackendUnavailable`, with secrets removed; both halves
+of the backend send every command through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from types import TracebackType
+from typing import Any, cast
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.connection import URL_QUERY_ARGUMENT_PARSERS
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..._errors import BackendUnavailable, ConfigurationError
+from ..._url import parse_query, redact, redact_url, to_bool, to_int
+
+__all__ = ["RedisConnection", "Script", "client_from_url", "load_script"]
+
+logger = logging.getLogger("tenure.redis")
+
+_DRIVER_ERRORS = (RedisError, OSError)
+_EVICTING_POLICIES_OK = {"noeviction"}
+
+# -- scripts -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script shipped in ``lua/``, run with ``EVALSHA`` (``EVAL`` after ``NOSCRIPT``)."""
+
+    name: str
+    body: bytes
+    sha: str
+
+
+def load_script(name: str) -> Script:
+    body = resources.files(__package__).joinpath("lua", f"{name}.lua").read_bytes()
+    return Script(name, body, hashlib.sha1(body).hexdigest())
+
+
+def _tag(name: str) -> bytes:
+    """``name`` as UTF-8 with ``%``, ``{`` and ``}`` percent-escaped.
+
+    Injective, and free of braces, so it can sit inside a hash tag (which ends
+    at the first ``}``) and be told apart from the fixed suffixes after it.
+    """
+    raw = name.encode("utf-8")
+    if b"%" in raw or b"{" in raw or b"}" in raw:
+        raw = raw.replace(b"%", b"%25").replace(b"{", b"%7B").replace(b"}", b"%7D")
+    return raw
+
+
+# -- URL options ---------------------------------------------------------------------
+
+_NO_RETRIES = (
+    "tenure turns redis-py's retries off: a retried lease script could run twice "
+    "(a command that failed may have run)"
+)
+
+
+def _no_retries(text: str) -> bool:
+    if to_bool(text):
+        raise ValueError(_NO_RETRIES)
+    return False
+
+
+def _refused(reason: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        raise ValueError(reason)
+
+    return parse
+
+
+OUR_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "prefix": str,
+    "max_ttl_ms": to_int(1),
+    "quarantine": to_bool,
+    "strict": to_bool,
+    "max_attempts": to_int(1),
+    "stream_maxlen": to_int(1),
+    "claim_idle_ms": to_int(1),
+    "max_concurrency": to_int(1),
+}
+
+# What redis-py's own ``from_url`` takes from a query: the options it parses
+# (read from the installed redis-py) and those it passes on as strings to the
+# connection class. Passed on as written; redis-py parses them again.
+THEIR_OPTIONS: dict[str, Callable[[str], Any]] = {
+    **cast(dict[str, Callable[[str], Any]], URL_QUERY_ARGUMENT_PARSERS),
+    **dict.fromkeys(
+        [
+            "password",
+            "username",
+            "client_name",
+            "lib_name",
+            "lib_version",
+            "encoding",
+            "encoding_errors",
+            "ssl_keyfile",
+            "ssl_certfile",
+            "ssl_cert_reqs",
+            "ssl_ca_certs",
+            "ssl_ca_data",
+            "ssl_ca_path",
+            "ssl_ciphers",
+            "ssl_password",
+        ],
+        str,
+    ),
+    "retry_on_timeout": _no_retries,
+    "retry_on_error": _refused(_NO_RETRIES),
+    # redis-py would pass the text on, and any text is true: replies would be str.
+    "decode_responses": _refused("the backend needs decode_responses off"),
+}
+_RETRY_KEYWORDS = ("retry", "retry_on_timeout", "retry_on_error")
+# The options the backend's constructor takes besides those of the URL.
+_OUR_KEYWORDS = {*OUR_OPTIONS, "block_ms", "owns_client"}
+
+
+def _url_secrets(url: str) -> list[str]:
+    """The passwords written in ``url`` (user-info and ``*password=`` values), if it parses."""
+    try:
+        parts = urlsplit(url)
+        secrets = [parts.password or ""]
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return []
+    secrets += [value for name, value in pairs if "password" in name.lower()]
+    return [secret for secret in secrets if secret]
+
+
+def client_from_url(url: str, options: dict[str, Any]) -> tuple[aioredis.Redis, dict[str, Any]]:
+    """The client for ``url`` (retries off) and the backend's own options.
+
+    Query values are checked here; keyword ``options`` override them. Raises
+    :class:`ConfigurationError` for an unknown or bad option, an option that
+    would turn retries on, or one the connection class does not take (e.g.
+    ``ssl_*`` on ``redis://``). No message shows a password.
+    """
+    secrets = _url_secrets(url)
+    shown = redact_url(url)
+    try:
+        query = parse_query(url, OUR_OPTIONS, theirs=THEIR_OPTIONS, what="Redis URL")
+        parts = urlsplit(url)
+    except ConfigurationError as exc:
+        # redact_url knows ``password=`` only; ``ssl_password=`` is a secret too.
+        raise ConfigurationError(redact(str(exc), secrets)) from None
+    except ValueError as exc:
+        raise ConfigurationError(
+            redact(f"cannot parse Redis URL {shown!r}: {exc}", secrets)
+        ) from None
+    if parts.scheme.lower() not in {"redis", "rediss"}:
+        raise ConfigurationError(redact(f"not a redis:// or rediss:// URL: {shown!r}", secrets))
+    for name in _RETRY_KEYWORDS:
+        if name in options:
+            raise ConfigurationError(f"option {name!r} is refused: {_NO_RETRIES}")
+    ours = {**query.ours, **options}
+    theirs = {name: ours.pop(name) for name in list(ours) if name not in _OUR_KEYWORDS}
+    theirs.setdefault("socket_timeout", 5.0)
+    theirs.setdefault("socket_connect_timeout", 5.0)
+    # The command slots bound the connections; the pool must never refuse.
+    theirs.setdefault("max_connections", 2**31)
+    redis_url = urlunsplit((parts.scheme, parts.netloc, parts.path, query.rest_query(), ""))
+    try:
+        client = aioredis.Redis.from_url(
+            redis_url, retry=Retry(NoBackoff(), 0), retry_on_timeout=False, **theirs
+        )
+        # Only builds a connection object: an option the connection class does
+        # not take fails here rather than at first use.
+        pool: Any = client.connection_pool
+        pool.make_connection()
+    except (TypeError, ValueError, RedisError) as exc:
+        secrets.append(str(theirs.get("password") or ""))
+        raise ConfigurationError(
+            redact(f"cannot use Redis URL {shown!r}: {exc}", secrets)
+        ) from None
+    return client, ours
+
+
+# -- the pipelined lease connection ----------------------------------------------------
+
+
+def _pack(args: Sequence[Any]) -> bytes:
+    """One command in RESP (what redis-py's ``pack_command`` does, without its overhead)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, bytes):
+            data = arg
+        elif isinstance(arg, str):
+            data = arg.encode("utf-8")
+        elif isinstance(arg, int):
+            data = b"%d" % arg
+        else:
+            raise TypeError(f"cannot send {type(arg).__name__} to Redis")
+        parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+class _Pipe:
+    """One connection on which lease commands are pipelined.
+
+    Commands from every task are written back to back (those issued in the
+    same event-loop turn in one write) and a reader task matches replies to
+    callers in order. A lone caller still gets one round trip per command;
+    concurrent callers share writes and reads instead of each taking a pooled
+    connection. Nothing is ever re-sent: if the connection breaks or the
+    oldest reply is later than ``timeout`` seconds, every waiting call fails
+    (its outcome unknown) and the next call connects again.
+    """
+
+    def __init__(self, pool: Any, timeout: float | None) -> None:
+        self._pool = pool
+        self._timeout = timeout
+        self._conn: Any = None
+        self._writer: Any = None
+        self._pending: deque[tuple[asyncio.Future[Any], float]] = deque()
+        self._out: list[bytes] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._timed_out = False
+        self._lock = asyncio.Lock()
+
+    async def execute(self, *args: Any) -> Any:
+        conn = self._conn
+        if conn is None:
+            conn = await self._connect()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._out.append(_pack(args))
+        self._pending.append((fut, loop.time()))
+        if self._flush_handle is None:
+            self._flush_handle = loop.call_soon(self._flush)
+        if self._timer is None and self._timeout is not None:
+            self._timer = loop.call_later(self._timeout, self._check_timeout)
+        return await fut
+
+    async def execute_many(self, packed: Sequence[bytes]) -> list[Any]:
+        """Send commands already in RESP (see :func:`_pack`) in one write.
+
+        Returns the replies in order, a ``ResponseError`` object in place of
+        each error reply.
+        """
+        if self._conn is None:
+            await self._connect()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        futs: list[asyncio.Future[Any]] = []
+        pending = self._pending
+        self._out.extend(packed)
+        for _ in packed:
+            fut: asyncio.Future[Any] = loop.create_future()
+            pending.append((fut, now))
+            futs.append(fut)
+        if self._flush_handle is None:
+            self._flush_handle = loop.call_soon(self._flush)
+        if self._timer is None and self._timeout is not None:
+            self._timer = loop.call_later(self._timeout, self._check_timeout)
+        # Replies come in order: when the last is in, so are all the others.
+        try:
+            await futs[-1]
+        except ResponseError:
+            pass
+        except BaseException:
+            for fut in futs:
+                fut.cancel()  # nobody will look at their outcome now
+            raise
+        results: list[Any] = []
+        for fut in futs:
+            exc = fut.exception()
+            if exc is not None and not isinstance(exc, ResponseError):
+                raise exc
+            results.append(exc if exc is not None else fut.result())
+        return results
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        out, self._out = self._out, []
+        if self._writer is not None and out:
+            self._writer.writelines(out)
+
+    def _check_timeout(self) -> None:
+        self._timer = None
+        if not self._pending or self._timeout is None:
+            return
+        loop = asyncio.get_running_loop()
+        age = loop.time() - self._pending[0][1]
+        if age >= self._timeout and self._reader is not None:
+            self._timed_out = True
+            self._reader.cancel()
+        else:
+            self._timer = loop.call_later(self._timeout - age, self._check_timeout)
+
+    async def _connect(self) -> Any:
+        async with self._lock:
+            if self._conn is not None:
+                return self._conn
+            conn = self._pool.make_connection()
+            try:
+                await conn.connect()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await conn.disconnect()
+                raise
+            # redis-py has no public way to write without awaiting a drain per
+            # command; its StreamWriter is what send_packed_command uses too.
+            self._writer = conn._writer
+            self._timed_out = False
+            self._conn = conn
+            self._reader = asyncio.get_running_loop().create_task(
+                self._read(conn), name="tenure-redis-pipe"
+            )
+            return conn
+
+    async def _read(self, conn: Any) -> None:
+        pending = self._pending
+        error: BaseException
+        try:
+            while True:
+                try:
+                    reply = await conn.read_response(timeout=math.inf, disconnect_on_error=False)
+                except ResponseError as exc:
+                    reply = exc
+                if not pending:
+                    raise RedisConnectionError("reply without a request")
+                fut = pending.popleft()[0]
+                if not fut.done():
+                    if isinstance(reply, ResponseError):
+                        fut.set_exception(reply)
+                    else:
+                        fut.set_result(reply)
+        except asyncio.CancelledError:
+            if not self._timed_out:
+                error = RedisConnectionError("connection closed")
+                self._fail(conn, error)
+                raise
+            error = RedisTimeoutError(f"no reply within {self._timeout} s")
+        except Exception as exc:
+            error = exc if isinstance(exc, RedisError) else RedisConnectionError(str(exc))
+        self._fail(conn, error)
+        with contextlib.suppress(Exception):
+            await conn.disconnect(nowait=True)
+
+    def _fail(self, conn: Any, error: BaseException) -> None:
+        if self._conn is conn:
+            self._conn = self._writer = None
+            self._out.clear()
+        while self._pending:
+            fut = self._pending.popleft()[0]
+            if not fut.done():
+                fut.set_exception(error)
+
+    async def aclose(self) -> None:
+        reader, self._reader = self._reader, None
+        conn = self._conn
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if conn is not None:
+            self._fail(conn, RedisConnectionError("closed"))
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
+
+
+# -- the connection ------------------------------------------------------------------
+
+
+class _DriverErrors:
+    """``with`` block in which a driver error (``RedisError``, ``OSError``) is
+    raised as :class:`BackendUnavailable`, chained, with the secrets removed."""
+
+    __slots__ = ("_secrets", "_where")
+
+    def __init__(self, where: str, secrets: Sequence[str]) -> None:
+        self._where = where
+        self._secrets = tuple(secrets)
+
+    def error(self, exc: BaseException) -> BackendUnavailable:
+        text = f"Redis at {self._where} failed: {type(exc).__name__}: {exc}"
+        return BackendUnavailable(redact(text, self._secrets))
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and isinstance(exc, _DRIVER_ERRORS):
+            raise self.error(exc) from exc
+
+
+class RedisConnection:
+    """How the backend talks to one Redis: every command goes through here.
+
+    Lease commands share one pipelined connection (RESP2; an injected RESP3
+    client uses its pool like the stream commands). Stream commands use
+    redis-py's pool, at most ``max_concurrency`` at once (blocking reads
+    aside). Before the first command, ``maxmemory-policy`` is read once: a
+    policy that can evict leases is logged, or with ``strict`` every later
+    command raises :class:`ConfigurationError`. Every driver error raises
+    :class:`BackendUnavailable` (the outcome of the command is then unknown);
+    the password is never shown.
+    """
+
+    def __init__(self, client: aioredis.Redis, *, strict: bool, max_concurrency: int) -> None:
+        kwargs = client.connection_pool.connection_kwargs
+        self.client = client
+        # redis-py leaves execute_command untyped; this also saves a lookup per call.
+        self._execute = cast(Callable[..., Awaitable[Any]], client.execute_command)
+        if "path" in kwargs:
+            self.where = f"unix:{kwargs['path']}/{kwargs.get('db', 0)}"
+        else:
+            self.where = (
+                f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+                f"/{kwargs.get('db', 0)}"
+            )
+        secrets = [kwargs.get("password"), kwargs.get("ssl_password")]
+        self.driver_errors = _DriverErrors(self.where, [s for s in secrets if isinstance(s, str)])
+        # Bounds the commands in flight (so the connections), instead of redis-py's
+        # pool failing with "Too many connections" under a burst.
+        self.slots = asyncio.Semaphore(max_concurrency)
+        self.pipe: _Pipe | None = None
+        if str(kwargs.get("protocol") or 2) == "2":
+            self.pipe = _Pipe(client.connection_pool, kwargs.get("socket_timeout"))
+        self._strict = strict
+        #: The first-use check passed: commands may be sent.
+        self.ready = False
+        self.config_error: ConfigurationError | None = None
+        self._prepare_lock = asyncio.Lock()
+
+    async def prepare(self) -> None:
+        """Check ``maxmemory-policy`` once; raise the strict refusal, if any."""
+        async with self._prepare_lock:
+            if not self.ready and self.config_error is None:
+                task = asyncio.current_task()
+                cancels = 0 if task is None else task.cancelling()
+                with self.driver_errors:
+                    info = await self.client.info("memory")
+                if task is not None and task.cancelling() > cancels:
+                    raise asyncio.CancelledError  # lost by redis-py: see ``io``
+                policy = str(info.get("maxmemory_policy", "unknown"))
+                if policy not in _EVICTING_POLICIES_OK:
+                    message = (
+                        f"Redis at {self.where} has maxmemory-policy {policy!r}: it can evict "
+                        "live leases and stream entries; set maxmemory-policy noeviction"
+                    )
+                    if self._strict:
+                        self.config_error = ConfigurationError(message)
+                    else:
+                        logger.warning("%s", message)
+                self.ready = self.config_error is None
+        if self.config_error is not None:
+            raise self.config_error
+
+    async def call(self, *args: Any) -> Any:
+        """One command, on the lease connection."""
+        if not self.ready:
+            await self.prepare()
+        with self.driver_errors:
+            if self.pipe is not None:
+                return await self.pipe.execute(*args)
+            async with self.slots:
+                return await self._execute(*args)
+
+    async def eval(self, script: Script, keys: Sequence[bytes], args: Sequence[Any]) -> Any:
+        """Run ``script`` once, on the lease connection.
+
+        Never re-sent, except as ``EVAL`` after ``NOSCRIPT`` (the script cache
+        was flushed), which means it did not run.
+        """
+        if not self.ready:
+            await self.prepare()
+        with self.driver_errors:
+            if self.pipe is not None:
+                execute = self.pipe.execute
+                try:
+                    return await execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                except NoScriptError:
+                    return await execute("EVAL", script.body, len(keys), *keys, *args)
+            async with self.slots:
+                try:
+                    return await self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                except NoScriptError:
+                    return await self._execute("EVAL", script.body, len(keys), *keys, *args)
+
+    async def eval_per_key(
+        self, script: Script, keys: Sequence[bytes], args: Sequence[bytes | int]
+    ) -> list[Any]:
+        """Run a one-key ``script`` once per key with the same ``args``, all
+        written at once (not a transaction); the replies in order.
+
+        The scripts that got ``NOSCRIPT`` (and therefore did not run) are
+        re-sent once as ``EVAL``.
+        """
+        if not self.ready:
+            await self.prepare()
+        results: list[Any] = [None] * len(keys)
+        todo = list(range(len(keys)))
+        command, body = "EVALSHA", script.sha.encode()
+        with self.driver_errors:
+            for _ in range(2):
+                if self.pipe is not None:
+                    # Every command differs only in its key: pack the rest once.
+                    tail = _pack(args)
+                    tail = tail[tail.index(b"\n") + 1 :]  # without its "*<n>\r\n"
+                    head = b"*%d\r\n" % (4 + len(args)) + _pack((command, body, 1))[4:]
+                    packed = [
+                        b"%b$%d\r\n%b\r\n%b" % (head, len(keys[i]), keys[i], tail) for i in todo
+                    ]
+                    replies = await self.pipe.execute_many(packed)
+                else:
+                    async with self.slots, self.client.pipeline(transaction=False) as pipe:
+                        for i in todo:
+                            pipe.execute_command(command, body, 1, keys[i], *args)
+                        replies = await pipe.execute(raise_on_error=False)
+                missing = []
+                for i, reply in zip(todo, replies, strict=True):
+                    if isinstance(reply, NoScriptError):
+                        missing.append(i)
+                    elif isinstance(reply, BaseException):
+                        raise reply
+                    else:
+                        results[i] = reply
+                if not missing:
+                    break
+                # Those got NOSCRIPT, so they did not run: sending the body is safe.
+                todo, command, body = missing, "EVAL", script.body
+        return results
+
+    async def io(
+        self,
+        method: Callable[..., Awaitable[Any]],
+        *args: Any,
+        blocking: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``method(*args, **kwargs)`` (a redis-py client method) with the
+        first-use check and error translation.
+
+        ``blocking`` calls (a reader's ``XREADGROUP … BLOCK``) hold their
+        connection for long, so they do not take one of the command slots.
+
+        A cancellation of the calling task that redis-py lost is raised once
+        the call has returned: redis-py sends each command inside
+        ``asyncio.wait_for``, which on Python 3.11 drops a cancellation that
+        arrives just as the send completes, and then carries on reading the
+        reply (for ``XREADGROUP … BLOCK``, for up to ``block_ms``). Without
+        this a cancelled reader could go on reading, and taking entries, for
+        ever.
+        """
+        task = asyncio.current_task()
+        cancels = 0 if task is None else task.cancelling()
+        if not self.ready:
+            await self.prepare()
+        with self.driver_errors:
+            if blocking:
+                result = await method(*args, **kwargs)
+            else:
+                async with self.slots:
+                    result = await method(*args, **kwargs)
+        if task is not None and task.cancelling() > cancels:
+            raise asyncio.CancelledError
+        return result
+
+    async def aclose(self, *, close_client: bool) -> None:
+        if self.pipe is not None:
+            await self.pipe.aclose()
+        if close_client:
+            with contextlib.suppress(Exception):
+                await self.client.aclose()

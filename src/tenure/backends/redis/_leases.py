@@ -1,0 +1,233 @@
+"""The lease half of the Redis backend: one Lua script per operation.
+
+The Python side only checks arguments, names the keys, runs the script and
+reads its reply; every decision is made by the script, atomically, on the
+server's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from ..._contract import AcquireResult, LeaseRecord
+from .._core import LeaseCore
+from ._connection import RedisConnection, Script, _tag, load_script
+
+__all__ = ["RedisLeases"]
+
+logger = logging.getLogger("tenure.redis")
+
+# An idle key's fencing counter is kept this long (or twice its lease's TTL if
+# longer). Its loss is harmless: tokens are at least the server's time in µs.
+_COUNTER_KEEP_MS = 24 * 3600 * 1000
+_RELEASED_CHANNEL = b"lease-released"
+
+_ACQUIRE = load_script("acquire")
+_RENEW = load_script("renew")
+_RELEASE = load_script("release")
+_TRANSFER = load_script("transfer")
+_GET = load_script("get")
+
+
+def _split_value(value: bytes) -> tuple[int, str]:
+    token, _, owner = value.partition(b":")
+    return int(token), owner.decode("utf-8")
+
+
+class RedisLeases(LeaseCore):
+    """Leases as Lua scripts, and release wake-ups over Redis pub/sub.
+
+    A lease key holds ``"<token>:<owner>"`` with the lease's ``PX``; next to
+    it (same hash slot) a counter key holds the key's last fencing token.
+    ``release_lease`` and ``transfer_lease`` publish the key on
+    ``<prefix>lease-released`` (in the same script); waiters listen on one
+    pub/sub connection per backend. The guarantees are in the
+    :class:`~tenure.backends.redis.RedisStreamsPubSub` docstring.
+    """
+
+    # Set by the backend's constructor (shared with the event half).
+    _conn: RedisConnection
+    _client: aioredis.Redis
+    _call: Callable[..., Awaitable[Any]]
+    _eval: Callable[[Script, Sequence[bytes], Sequence[Any]], Awaitable[Any]]
+    _p: bytes
+    _where: str
+    _instance: str
+
+    def _setup_leases(self, *, quarantine_ms: int) -> None:
+        self._channel = self._p + _RELEASED_CHANNEL
+        self._quarantine_ms = quarantine_ms
+        # Local (event-loop clock) end of the last quarantine we were told about.
+        self._quarantine_deadline = 0.0
+        self._pubsub: Any = None
+        self._listener: asyncio.Task[None] | None = None
+        self._listen_lock = asyncio.Lock()
+
+    def _lease_key(self, key: str) -> tuple[bytes, bytes]:
+        base = self._p + b"{" + _tag(key) + b"}:"
+        return base + b"lease", base + b"token"
+
+    # -- the five methods ----------------------------------------------------------
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
+        """Claim ``key``; during a quarantine ``AcquireResult(False, None)`` (see the class)."""
+        ttl = self._args(key, owner, ttl_ms)
+        lease, counter = self._lease_key(key)
+        status, value = await self._eval(
+            _ACQUIRE,
+            (lease, counter),
+            (owner, ttl, self._quarantine_ms, max(_COUNTER_KEEP_MS, 2 * ttl)),
+        )
+        if status == 1:
+            return AcquireResult(True, owner, int(value))
+        if status == 0:
+            return AcquireResult(False, value.decode("utf-8"), None)
+        remaining = int(value) / 1000
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._quarantine_deadline:
+            logger.warning(
+                "lease %r refused: Redis at %s started less than max_ttl_ms ago and does not "
+                "know the key, so it may have lost leases; grants resume in %.1f s",
+                key,
+                self._where,
+                remaining,
+            )
+        self._quarantine_deadline = loop.time() + remaining
+        return AcquireResult(False, None, None)
+
+    async def _read(self, key: str) -> LeaseRecord | None:
+        reply = await self._eval(_GET, (self._lease_key(key)[0],), ())
+        if not reply:
+            return None
+        token, owner = _split_value(reply[0])
+        return LeaseRecord(owner, token, max(1, int(reply[1])))
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        self._args_owner(key, owner)
+        await self._eval(
+            _RELEASE, (self._lease_key(key)[0],), (owner, self._channel, key.encode("utf-8"))
+        )
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        ttl = self._args(key, owner, ttl_ms)
+        return bool(await self._eval(_RENEW, (self._lease_key(key)[0],), (owner, ttl)))
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        ttl = self._args_transfer(key, from_owner, to_owner, ttl_ms)
+        lease, counter = self._lease_key(key)
+        reply = await self._eval(
+            _TRANSFER,
+            (lease, counter),
+            (
+                from_owner,
+                to_owner,
+                ttl,
+                max(_COUNTER_KEEP_MS, 2 * ttl),
+                self._channel,
+                key.encode("utf-8"),
+            ),
+        )
+        return reply is not None
+
+    async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
+        """Renew many of ``owner``'s leases in one round trip; one ``bool`` per key, in order.
+
+        The keys live in different hash slots, so this is one renew script
+        per key, all written at once on the pipelined lease connection (not a
+        transaction): each renewal is atomic on its own. If the server's
+        script cache was flushed, the renewals that got ``NOSCRIPT`` (and
+        therefore did not run) are re-sent as ``EVAL``.
+        """
+        key_list, ttl = self._args_batch(keys, owner, ttl_ms)
+        if not key_list:
+            return []
+        leases = [self._lease_key(key)[0] for key in key_list]
+        replies = await self._conn.eval_per_key(_RENEW, leases, (owner.encode("utf-8"), ttl))
+        return [bool(r) for r in replies]
+
+    # -- waiting -----------------------------------------------------------------------
+
+    async def _watch(self, key: str) -> None:
+        await self._ensure_listener()
+
+    async def _when_free(self, timeout: float) -> bool:
+        # A free key is not grantable during a quarantine: wait for its end
+        # rather than send a caller that retries acquire_lease into a hot loop.
+        left = self._quarantine_deadline - asyncio.get_running_loop().time()
+        if left > 0:
+            await asyncio.sleep(min(left, timeout))
+            return left <= timeout
+        return True
+
+    async def _ensure_listener(self) -> None:
+        if self._listener is not None and not self._listener.done():
+            return
+        async with self._listen_lock:
+            if self._listener is not None and not self._listener.done():
+                return
+            if not self._conn.ready:
+                await self._conn.prepare()
+            pubsub = self._client.pubsub()
+            loop = asyncio.get_running_loop()
+            try:
+                with self._conn.driver_errors:
+                    await pubsub.subscribe(self._channel)
+                    # Wait for the confirmation: a release before it would be missed.
+                    deadline = loop.time() + 10.0
+                    while True:
+                        msg = await pubsub.get_message(timeout=1.0)
+                        if msg is not None and msg["type"] == "subscribe":
+                            break
+                        if loop.time() > deadline:
+                            raise TimeoutError("no confirmation of SUBSCRIBE")
+            except BaseException:
+                await self._close_pubsub(pubsub)
+                raise
+            self._pubsub = pubsub
+            self._listener = loop.create_task(
+                self._listen(pubsub), name=f"tenure-redis-listener-{self._instance}"
+            )
+
+    async def _listen(self, pubsub: Any) -> None:
+        loop = asyncio.get_running_loop()
+        last_ping = loop.time()
+        try:
+            while True:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if msg is not None and msg["type"] == "message":
+                    self._waiters.wake_one(msg["data"].decode("utf-8"))
+                elif msg is None and loop.time() - last_ping > 5.0:
+                    # Detects a dead or paused server while no message flows.
+                    last_ping = loop.time()
+                    await pubsub.ping()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning(
+                "lease notification connection to Redis at %s lost (%s); waking every waiter",
+                self._where,
+                type(exc).__name__,
+            )
+        finally:
+            self._waiters.wake_all()
+            if self._pubsub is pubsub:
+                self._pubsub = None
+            await self._close_pubsub(pubsub)
+
+    def _cancel_listener(self) -> asyncio.Task[None] | None:
+        """Stop listening (closing): the task to await, if there was one."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+        return listener
+
+    @staticmethod
+    async def _close_pubsub(pubsub: Any) -> None:
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()
