@@ -4,6 +4,8 @@ Two kinds:
 
 - **Direct checks** (P1 exclusivity of safe windows, P3 token monotonicity, P4 fenced
   counter, P5 no resurrection) are sorts and sweeps: O(n log n), any history size.
+  P1 and P3 are decided by ``tenure._history``, the checker ``tenure demo``'s
+  verdict uses too; this module derives the safe windows and the token sightings.
 - **P2 linearizability** per key by a Wing-Gong-Lowe search against a *timed fenced
   mutex* (see :func:`step`), with a budget: PASS, FAIL or UNKNOWN. UNKNOWN is
   reported as such and never counted as a pass.
@@ -19,9 +21,11 @@ skew within rho, at the price of missing violations that hide inside that slack.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
+
+from tenure._history import Sighting, Window, handoffs, token_clashes
 
 from .history import INF, Op, group_by_key
 
@@ -399,85 +403,44 @@ def _windows(ops: Sequence[Op], cfg: CheckConfig) -> list[tuple[float, float, st
 
 
 def check_exclusivity(key: str, ops: Sequence[Op], cfg: CheckConfig) -> list[Violation]:
-    """P1: safe windows of different owners never overlap (a sweep over sorted windows)."""
-    out: list[Violation] = []
-    best: list[tuple[float, str, Op]] = []  # the two latest-ending windows, distinct owners
-    for start, end, owner, o in sorted(_windows(ops, cfg), key=lambda w: w[0]):
-        for b_end, b_owner, b_op in best:
-            if b_owner != owner and start < b_end:
-                out.append(
-                    Violation(
-                        "P1",
-                        key,
-                        f"{owner!r} was granted at {start / 1e6:.3f} ms while {b_owner!r} "
-                        f"was safe until {b_end / 1e6:.3f} ms",
-                        [b_op, o],
-                    )
-                )
-                break
-        cand = [(end, owner, o), *best]
-        cand.sort(key=lambda c: -c[0])
-        best = []
-        for c in cand:
-            if all(c[1] != b[1] for b in best):
-                best.append(c)
-            if len(best) == 2:
-                break
-    return out
+    """P1: safe windows of different owners never overlap."""
+    windows = (Window(start, end, owner, o) for start, end, owner, o in _windows(ops, cfg))
+    return [
+        Violation(
+            "P1",
+            key,
+            f"{h.after.owner!r} was granted at {h.after.start / 1e6:.3f} ms while "
+            f"{h.before.owner!r} was safe until {h.before.end / 1e6:.3f} ms",
+            [h.before.item, h.after.item],
+        )
+        for h in handoffs(windows)
+        if h.gap < 0
+    ]
+
+
+def _sightings(ops: Sequence[Op]) -> Iterator[Sighting[Op]]:
+    """Every completed operation that saw a holder with its token."""
+    for o in ops:
+        if o.type != "ok" or not isinstance(o.token, int):
+            continue
+        if o.op == "acquire" and isinstance(o.result, dict) and o.result.get("acquired"):
+            yield Sighting(o.inv, o.ret, o.args["owner"], o.token, o)
+        elif o.op == "get" and isinstance(o.result, dict):
+            yield Sighting(o.inv, o.ret, o.result["owner"], o.token, o)
 
 
 def check_tokens(key: str, ops: Sequence[Op]) -> list[Violation]:
     """P3: tokens strictly increase in real-time order; one token, one owner."""
-    first: dict[tuple[str, int], tuple[float, float, Op, Op]] = {}
-    owner_of: dict[int, tuple[str, Op]] = {}
     out: list[Violation] = []
-    for o in sorted(ops, key=lambda o: o.inv):
-        if o.type != "ok" or not isinstance(o.token, int):
-            continue
-        if o.op == "acquire" and isinstance(o.result, dict) and o.result.get("acquired"):
-            owner = o.args["owner"]
-        elif o.op == "get" and isinstance(o.result, dict):
-            owner = o.result["owner"]
+    for c in token_clashes(_sightings(ops)):
+        if c.shared:
+            message = f"token {c.later.token} given to {c.earlier.owner!r} and {c.later.owner!r}"
         else:
-            continue
-        seen = owner_of.get(o.token)
-        if seen is not None and seen[0] != owner:
-            out.append(
-                Violation(
-                    "P3", key, f"token {o.token} given to {seen[0]!r} and {owner!r}", [seen[1], o]
-                )
+            message = (
+                f"token {c.later.token} observed after token {c.earlier.token} "
+                "had already been issued"
             )
-            continue
-        owner_of.setdefault(o.token, (owner, o))
-        ident = (owner, o.token)
-        if ident not in first:
-            first[ident] = (o.inv, o.ret, o, o)
-        else:
-            inv, ret, first_op, ret_op = first[ident]
-            if o.ret < ret:
-                ret, ret_op = o.ret, o
-            first[ident] = (inv, ret, first_op, ret_op)
-    # For every identity B: no identity A with a higher-or-equal token may have
-    # completed (earliest reply of A) before B was first invoked.
-    ids = list(first.items())
-    by_ret = sorted(ids, key=lambda it: it[1][1])
-    j = 0
-    top: tuple[int, Op] | None = None
-    for (_owner, tok), (inv, _ret, op_b, _r) in sorted(ids, key=lambda it: it[1][0]):
-        while j < len(by_ret) and by_ret[j][1][1] < inv:
-            (_, cand_tok), (_, _, _, cand_op) = by_ret[j]
-            if top is None or cand_tok > top[0]:
-                top = (cand_tok, cand_op)
-            j += 1
-        if top is not None and top[0] >= tok:
-            out.append(
-                Violation(
-                    "P3",
-                    key,
-                    f"token {tok} observed after token {top[0]} had already been issued",
-                    [top[1], op_b],
-                )
-            )
+        out.append(Violation("P3", key, message, [c.earlier.item, c.later.item]))
     return out
 
 

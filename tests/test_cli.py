@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from tenure._demo import DemoState, demo_url, render
-from tenure._demo_evidence import (
+from tenure.cli import main
+from tenure.demo._evidence import (
     COORDINATOR,
     count_takeovers,
     judge,
@@ -29,7 +29,8 @@ from tenure._demo_evidence import (
     read_dir,
     read_new_lines,
 )
-from tenure.cli import main
+from tenure.demo._run import demo_url
+from tenure.demo._view import DemoState, render
 
 from .redis.helpers import delete_prefix
 
@@ -439,7 +440,7 @@ def test_live_view_shows_owners_kills_and_takeovers() -> None:
 
 def test_evidence_records_are_json_lines(tmp_path: Path) -> None:
     # The worker's record format as the checker reads it back.
-    from tenure._demo_worker import _Recorder
+    from tenure.demo.worker import _Recorder
 
     path = tmp_path / "w9.jsonl"
     with path.open("a", encoding="utf-8") as out:

@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        from ._demo import DemoSettings, run_demo
+        from .demo import DemoSettings, run_demo
     except ImportError as exc:  # rich is the optional "demo" extra
         print(f"tenure demo needs {exc.name!r}: pip install 'tenure[demo]'", file=sys.stderr)
         return 2

@@ -19,6 +19,8 @@ Records (``k`` is the kind, ``w`` the writer, ``t`` a monotonic ns timestamp):
 
 The verdict is plain computation over those records (no I/O), so it can be
 checked on hand-made histories: the tests feed it bad ones and expect FAIL.
+Exclusivity and token order are decided by :mod:`tenure._history`, the same
+checker the repository's safety harness runs on its lease histories.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .._history import Sighting, Window, handoffs, token_clashes
 
 __all__ = [
     "COORDINATOR",
@@ -239,31 +243,34 @@ def _check_signals(records: list[Record]) -> tuple[Check, dict[str, Any]]:
     return Check("every signal handled", not problems, summary, problems), figures
 
 
+def _by_thread(runs: list[Run]) -> dict[str, list[Run]]:
+    threads: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        threads[run.thread].append(run)
+    return dict(sorted(threads.items()))
+
+
 def _check_exclusive(records: list[Record], runs: list[Run]) -> tuple[Check, dict[str, Any]]:
     problems: list[str] = []
-    by_thread: dict[str, list[Run]] = defaultdict(list)
-    for run in runs:
-        by_thread[run.thread].append(run)
+    threads = _by_thread(runs)
     closest: int | None = None
-    for thread, rs in sorted(by_thread.items()):
-        # Sorted by start: a run overlaps an earlier one iff it starts before the
-        # latest end seen so far.
-        latest: Run | None = None
+    for thread, rs in threads.items():
+        windows: list[Window[Run]] = []
         for run in rs:
-            assert run.end is not None
-            if latest is not None:
-                assert latest.end is not None
-                gap = run.start - latest.end
-                if gap < 0:
-                    problems.append(
-                        f"{thread}: run {run.run_id} of {run.worker} (token {run.token}) started "
-                        f"{_ms(-gap)} before run {latest.run_id} of {latest.worker} "
-                        f"(token {latest.token}) ended ({latest.how})"
-                    )
-                elif latest.worker != run.worker and (closest is None or gap < closest):
-                    closest = gap
-            if latest is None or run.end > (latest.end or 0):
-                latest = run
+            assert run.end is not None  # runs_of closes every run
+            # Every run is an owner of its own: two runs of one worker must not overlap either.
+            windows.append(Window(run.start, run.end, (run.worker, run.run_id), run))
+        for h in handoffs(windows):
+            before, after = h.before.item, h.after.item
+            gap = int(h.gap)
+            if gap < 0:
+                problems.append(
+                    f"{thread}: run {after.run_id} of {after.worker} (token {after.token}) "
+                    f"started {_ms(-gap)} before run {before.run_id} of {before.worker} "
+                    f"(token {before.token}) ended ({before.how})"
+                )
+            elif before.worker != after.worker and (closest is None or gap < closest):
+                closest = gap
     index = {(r.worker, r.run_id): r for r in runs}
     for r in records:
         if r.get("k") != "handled":
@@ -280,7 +287,7 @@ def _check_exclusive(records: list[Record], runs: list[Run]) -> tuple[Check, dic
                 f"signal {r['sig']} was handled outside the lifetime of run {owner.run_id} "
                 f"of {owner.worker}"
             )
-    summary = f"{len(runs)} runs on {len(by_thread)} threads, {len(problems)} overlaps"
+    summary = f"{len(runs)} runs on {len(threads)} threads, {len(problems)} overlaps"
     if closest is not None:
         summary += f"; closest hand-off between processes: {_ms(closest)}"
     return Check("one owner at a time", not problems and bool(runs), summary, problems), {
@@ -291,23 +298,22 @@ def _check_exclusive(records: list[Record], runs: list[Run]) -> tuple[Check, dic
 
 def _check_tokens(runs: list[Run]) -> Check:
     problems: list[str] = []
-    threads: dict[str, list[Run]] = defaultdict(list)
-    for run in runs:
-        threads[run.thread].append(run)
-    for thread, rs in sorted(threads.items()):
-        previous: Run | None = None
-        for run in rs:  # in start order
+    threads = _by_thread(runs)
+    for thread, rs in threads.items():
+        sightings: list[Sighting[Run]] = []
+        for run in rs:
             if not isinstance(run.token, int):
                 problems.append(f"{thread}: run {run.run_id} of {run.worker} has no fencing token")
                 continue
-            if previous is not None:
-                assert isinstance(previous.token, int)
-                if run.token <= previous.token:
-                    problems.append(
-                        f"{thread}: token went from {previous.token} (run {previous.run_id} of "
-                        f"{previous.worker}) to {run.token} (run {run.run_id} of {run.worker})"
-                    )
-            previous = run
+            # A run learns its token when it starts: a point in time.
+            owner = (run.worker, run.run_id)
+            sightings.append(Sighting(run.start, run.start, owner, run.token, run))
+        for clash in token_clashes(sightings):
+            a, b = clash.earlier.item, clash.later.item
+            problems.append(
+                f"{thread}: token went from {a.token} (run {a.run_id} of {a.worker}) "
+                f"to {b.token} (run {b.run_id} of {b.worker})"
+            )
     summary = f"checked {len(runs)} runs on {len(threads)} threads, {len(problems)} out of order"
     return Check("tokens increasing", not problems and bool(runs), summary, problems)
 

@@ -1,9 +1,9 @@
-"""One worker process of ``tenure demo``: ``python -m tenure._demo_worker DIR INDEX``.
+"""One worker process of ``tenure demo``: ``python -m tenure.demo.worker DIR INDEX``.
 
 It runs a :class:`~tenure.runtime.ThreadRuntime` on the demo's URL, sends its
 share of the planned signal stream, and handles whatever threads it wins,
 recording everything it does in ``DIR/<worker>.jsonl`` (one flushed line per
-record, see :mod:`tenure._demo_evidence`), until ``DIR/stop`` appears.
+record, see :mod:`tenure.demo._evidence`), until ``DIR/stop`` appears.
 The settings come from ``DIR/settings.json``, written by the coordinator.
 """
 
@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from ._demo_evidence import plan, worker_name
-from ._url import from_url
-from .runtime import RuntimeEvent, ThreadRun, ThreadRuntime
+from .. import RuntimeEvent, ThreadRun, ThreadRuntime, from_url
+from ._evidence import plan, worker_name
 
 __all__ = ["main"]
 
@@ -161,7 +160,7 @@ async def run_worker(directory: Path, index: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m tenure._demo_worker DIR INDEX", file=sys.stderr)
+        print("usage: python -m tenure.demo.worker DIR INDEX", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
