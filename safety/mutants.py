@@ -1,9 +1,17 @@
 """Negative controls: backends broken the way real bugs break them.
 
-Each mutant is a subclass of a shipped backend that overrides one lease step.
-They live here, outside the library, and are reachable only through
-:func:`open_backend` with an explicit mutant name (the runner's ``--mutant``
-switch): nothing in ``tenure`` can construct one.
+Each mutant WRAPS a real backend built by :func:`tenure.from_url` and breaks one
+lease rule using only the backend's public methods (the five lease methods and
+``get_lease``, which every backend here declares with ``Capability.RECORD``).
+So one mutant serves every backend, and none depends on how a backend is
+built inside. They live here, outside the library, and are reachable only
+through :func:`open_backend` with an explicit mutant name (the runner's
+``--mutant`` switch): nothing in ``tenure`` can construct one.
+
+What the wrappers can break is what a client-side bug can break: a check left
+out, or a read and a write that should be one atomic step done as two. That is
+exactly the class of bug each control stands for (a ``DEL`` without the owner
+check, a read-then-write acquire, a token computed apart from the grant).
 
 A mutant whose bug is a race (read-then-write, a token issued outside the grant)
 yields to the event loop for a few milliseconds inside the race window. Real
@@ -19,15 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
-from typing import Any
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
 
 import tenure
-from tenure import AcquireResult
-from tenure._validate import check_name, check_ttl
-from tenure.backends.memory import _DEADLINE, _OWNER, _TOKEN, MemoryPubSub, _granted
+from tenure import AcquireResult, LeaseRecord
+from tenure._contract import Backend, Capability
 
-__all__ = ["BACKEND_MUTANTS", "MUTANTS", "mutants_for", "open_backend"]
+__all__ = ["BACKEND_MUTANTS", "MUTANTS", "Mutant", "mutants_for", "open_backend"]
 
 RACE_S = 0.004
 STALL_P = 0.05
@@ -53,310 +61,166 @@ BACKEND_MUTANTS = MUTANTS[:4]
 
 
 def mutants_for(kind: str) -> tuple[str, ...]:
-    """The controls that apply to backend ``kind`` (all of them, for now, everywhere)."""
+    """The controls that apply to backend ``kind`` (all of them, for every backend)."""
     del kind
     return MUTANTS
 
 
-# -- memory -----------------------------------------------------------------------
+class Mutant:
+    """A backend that delegates every call to ``inner``: the base of the controls.
 
+    Unchanged, it is a faithful backend; each subclass overrides one lease
+    method with a bug. It declares only what it implements faithfully on top of
+    ``inner`` (``renew_leases`` is a loop over :meth:`renew_lease`, so a broken
+    renew is broken there too).
+    """
 
-class _MemoryMutant(MemoryPubSub):
-    mutant = ""
+    name = ""
+    capabilities = Capability.RECORD
 
-    def _store(self, key: str, owner: str, token: int, deadline: float) -> AcquireResult:
-        grant = _granted(owner, token)
-        self._leases[key] = [deadline, owner, token, grant]
-        return grant
+    def __init__(self, inner: Backend) -> None:
+        if Capability.RECORD not in inner.capabilities:
+            raise ValueError(f"the controls need get_lease (Capability.RECORD): {inner!r}")
+        self.inner = inner
 
-    async def release_lease(self, key: str, owner: str) -> None:
-        if self.mutant != "release-plain-delete":
-            return await super().release_lease(key, owner)
-        self._check_open()
-        self._leases.pop(key, None)  # BUG: no ownership check
-
-    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        if self.mutant != "renew-no-owner-check":
-            return await super().renew_lease(key, owner, ttl_ms)
-        now = self._clock()
-        lease = self._live(key, now)
-        if lease is None:
-            return False
-        lease[_DEADLINE] = now + ttl_ms / 1000  # BUG: extends whoever holds it
-        return True
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r})"
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
-        if self.mutant == "acquire-read-then-write":
-            lease = self._live(key, self._clock())
-            if lease is not None and lease[_OWNER] != owner:
-                return AcquireResult(False, lease[_OWNER], None)
-            await _race_window(ttl_ms)  # BUG: the write does not re-check the read
-            self._last_token += 1
-            now = self._clock()
-            return self._store(key, owner, self._last_token, now + ttl_ms / 1000)
-        if self.mutant == "token-outside-atomic":
-            token = self._last_token + 1  # BUG: token taken before, apart from the grant
-            await _race_window(ttl_ms)
-            now = self._clock()
-            lease = self._live(key, now)
-            if lease is not None and lease[_OWNER] != owner:
-                return AcquireResult(False, lease[_OWNER], None)
-            if lease is not None:
-                lease[_DEADLINE] = now + ttl_ms / 1000
-                return AcquireResult(True, owner, lease[_TOKEN])
-            self._last_token = max(self._last_token, token)
-            return self._store(key, owner, token, now + ttl_ms / 1000)
-        return await super().acquire_lease(key, owner, ttl_ms)
+        return await self.inner.acquire_lease(key, owner, ttl_ms)
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return await self.inner.renew_lease(key, owner, ttl_ms)
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        await self.inner.release_lease(key, owner)
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        return await self.inner.transfer_lease(key, from_owner, to_owner, ttl_ms)
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        return await self.inner.get_lease_owner(key)
+
+    async def get_lease(self, key: str) -> LeaseRecord | None:
+        return await self.inner.get_lease(key)
+
+    async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
+        return [await self.renew_lease(key, owner, ttl_ms) for key in keys]
+
+    async def wait_lease_released(self, key: str, timeout: float) -> bool:
+        return await self.inner.wait_lease_released(key, timeout)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
 
-# -- SQLite -----------------------------------------------------------------------
+class ReleasePlainDelete(Mutant):
+    """Release frees the key whoever holds it (a plain ``DEL`` / ``DELETE``)."""
+
+    name = "release-plain-delete"
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        holder = await self.inner.get_lease_owner(key)
+        if holder is not None:
+            # BUG: no ownership check: a stale owner frees its successor's lease.
+            await self.inner.release_lease(key, holder)
 
 
-def _sqlite_mutant(name: str, url: str) -> Any:
-    from tenure.backends.sqlite import SqlitePubSub
+class RenewNoOwnerCheck(Mutant):
+    """Renew extends whoever holds the lease and says yes (``PEXPIRE`` without the check)."""
 
-    class SqliteMutant(SqlitePubSub):
-        def _release_job(self, conn: Any, key: bytes, owner: bytes) -> bool:
-            if name != "release-plain-delete":
-                return super()._release_job(conn, key, owner)
-            with self._write(conn):
-                # BUG: no ownership check
-                return bool(
-                    conn.execute("DELETE FROM tenure_leases WHERE key = ?", (key,)).rowcount
-                )
+    name = "renew-no-owner-check"
 
-        def _renew_job(self, conn: Any, key: bytes, owner: bytes, ttl_ms: int) -> bool:
-            if name != "renew-no-owner-check":
-                return super()._renew_job(conn, key, owner, ttl_ms)
-            with self._write(conn):
-                now = self._clock()
-                return bool(
-                    conn.execute(
-                        # BUG: no owner in the WHERE clause
-                        "UPDATE tenure_leases SET deadline = ? WHERE key = ? AND deadline > ?",
-                        (now + ttl_ms / 1000, key, now),
-                    ).rowcount
-                    == 1
-                )
-
-        def _read_job(self, conn: Any, key: bytes) -> Any:
-            return conn.execute(
-                "SELECT owner, token, deadline FROM tenure_leases WHERE key = ?", (key,)
-            ).fetchone()
-
-        def _token_job(self, conn: Any) -> int:
-            row = conn.execute("SELECT value FROM tenure_meta WHERE name = 'token'").fetchone()
-            return int(row[0]) + 1
-
-        def _blind_grant_job(
-            self, conn: Any, key: bytes, owner: bytes, ttl_ms: int, token: int | None
-        ) -> tuple[bool, bytes, int | None]:
-            with self._write(conn):
-                now = self._clock()
-                if token is None:
-                    # acquire-read-then-write: the write trusts the earlier read.
-                    token = conn.execute(
-                        "UPDATE tenure_meta SET value = value + 1 WHERE name = 'token' RETURNING value"
-                    ).fetchone()[0]
-                else:
-                    row = conn.execute(
-                        "SELECT owner, token, deadline FROM tenure_leases WHERE key = ?", (key,)
-                    ).fetchone()
-                    if row is not None and row[2] > now:
-                        if row[0] != owner:
-                            return False, row[0], None
-                        token = row[1]
-                    conn.execute(
-                        "UPDATE tenure_meta SET value = max(value, ?) WHERE name = 'token'",
-                        (token,),
-                    )
-                conn.execute(
-                    "INSERT OR REPLACE INTO tenure_leases (key, owner, token, deadline) "
-                    "VALUES (?, ?, ?, ?)",
-                    (key, owner, token, now + ttl_ms / 1000),
-                )
-            return True, owner, token
-
-        async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
-            if name not in ("acquire-read-then-write", "token-outside-atomic"):
-                return await super().acquire_lease(key, owner, ttl_ms)
-            check_name(key, "key")
-            check_name(owner, "owner")
-            check_ttl(ttl_ms)
-            self._check_open()
-            k, o = key.encode(), owner.encode()
-            token: int | None = None
-            if name == "acquire-read-then-write":
-                row = await self._run(self._read_job, k)
-                if row is not None and row[2] > time.time():
-                    if row[0] != o:
-                        return AcquireResult(False, bytes(row[0]).decode(), None)
-                    await super().acquire_lease(key, owner, ttl_ms)
-                    return AcquireResult(True, owner, int(row[1]))
-            else:
-                token = await self._run(self._token_job)  # BUG: outside the grant
-            await _race_window(ttl_ms)
-            ok, holder, tok = await self._run(self._blind_grant_job, k, o, ttl_ms, token)
-            if not ok:
-                return AcquireResult(False, bytes(holder).decode(), None)
-            return AcquireResult(True, owner, tok)
-
-    return SqliteMutant.from_url(url)
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        holder = await self.inner.get_lease_owner(key)
+        if holder is None:
+            return False
+        # BUG: extends the holder's lease and tells ``owner`` it still holds it.
+        return await self.inner.renew_lease(key, holder, ttl_ms)
 
 
-# -- Redis ------------------------------------------------------------------------
+class AcquireReadThenWrite(Mutant):
+    """Acquire reads the holder, then writes in a separate step (``GET`` then ``SET``)."""
+
+    name = "acquire-read-then-write"
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
+        holder = await self.inner.get_lease_owner(key)
+        if holder is not None and holder != owner:
+            return AcquireResult(False, holder, None)
+        await _race_window(ttl_ms)
+        # BUG: the write trusts the earlier read: whoever took the key since is
+        # overwritten (released as themselves, then the key is granted to us).
+        result = AcquireResult(False, None, None)
+        for _ in range(3):
+            now = await self.inner.get_lease_owner(key)
+            if now is not None and now != owner:
+                await self.inner.release_lease(key, now)
+            result = await self.inner.acquire_lease(key, owner, ttl_ms)
+            if result.acquired:
+                break
+        return result
 
 
-def _redis_mutant(name: str, url: str) -> Any:
-    from tenure.backends.redis import RedisStreamsPubSub
+class TokenOutsideAtomic(Mutant):
+    """The fencing token is computed in a step of its own, before the grant.
 
-    class RedisMutant(RedisStreamsPubSub):
-        async def release_lease(self, key: str, owner: str) -> None:
-            if name != "release-plain-delete":
-                return await super().release_lease(key, owner)
-            self._check_open()
-            await self._call("DEL", self._lease_key(key)[0])  # BUG: a plain DEL
+    It is the last token read (the key's record, or the highest this process
+    has seen on the key) plus one, as a counter read apart from the grant
+    would give: stale when another process granted the key meanwhile.
+    """
 
-        async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-            if name != "renew-no-owner-check":
-                return await super().renew_lease(key, owner, ttl_ms)
-            self._check_open()
-            # BUG: PEXPIRE whoever holds it
-            return bool(await self._call("PEXPIRE", self._lease_key(key)[0], ttl_ms))
+    name = "token-outside-atomic"
 
-        async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
-            if name not in ("acquire-read-then-write", "token-outside-atomic"):
-                return await super().acquire_lease(key, owner, ttl_ms)
-            self._check_open()
-            lease, counter = self._lease_key(key)
-            if name == "acquire-read-then-write":
-                value = await self._call("GET", lease)
-                if value is not None:
-                    _tok, _, holder = value.decode().partition(":")
-                    if holder != owner:
-                        return AcquireResult(False, holder, None)
-                await _race_window(ttl_ms)
-                token = int(await self._call("INCR", counter))
-                # BUG: GET then SET, no atomic step between them
-                await self._call("SET", lease, f"{token}:{owner}", "PX", ttl_ms)
-                return AcquireResult(True, owner, token)
-            last = await self._call("GET", counter)
-            token = int(last or 0) + 1  # BUG: the token is read outside the grant
-            await _race_window(ttl_ms)
-            if await self._call("SET", lease, f"{token}:{owner}", "PX", ttl_ms, "NX"):
-                await self._call("SET", counter, token)
-                return AcquireResult(True, owner, token)
-            return await super().acquire_lease(key, owner, ttl_ms)
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self._seen: dict[str, int] = {}
 
-    return RedisMutant.from_url(url)
+    def _saw(self, key: str, token: int | None) -> None:
+        if token is not None and token > self._seen.get(key, 0):
+            self._seen[key] = token
+
+    async def get_lease(self, key: str) -> LeaseRecord | None:
+        record = await self.inner.get_lease(key)
+        self._saw(key, None if record is None else record.token)
+        return record
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
+        record = await self.get_lease(key)
+        if record is not None and record.owner == owner:
+            return await self.inner.acquire_lease(key, owner, ttl_ms)
+        token = self._seen.get(key, 0) + 1  # BUG: taken before, apart from the grant
+        await _race_window(ttl_ms)
+        result = await self.inner.acquire_lease(key, owner, ttl_ms)
+        self._saw(key, result.token)
+        if not result.acquired:
+            return result
+        return AcquireResult(True, owner, token)
 
 
-# -- PostgreSQL -------------------------------------------------------------------
+_BY_NAME: dict[str, type[Mutant]] = {
+    m.name: m
+    for m in (ReleasePlainDelete, RenewNoOwnerCheck, AcquireReadThenWrite, TokenOutsideAtomic)
+}
+assert tuple(_BY_NAME) == BACKEND_MUTANTS
 
 
-def _postgres_mutant(name: str, url: str) -> Any:
-    from psycopg import sql
-
-    from tenure.backends.postgres import PostgresLeaseProvider
-
-    class PostgresMutant(PostgresLeaseProvider):
-        def _t(self) -> sql.Composed:
-            return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(self.table))
-
-        async def _raw(self, query: sql.Composed, params: tuple[Any, ...]) -> list[Any]:
-            await self._prepare("mutant")
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(query, params)
-                rows = await cur.fetchall() if cur.description is not None else []
-                if not conn.autocommit:
-                    await conn.commit()
-                return rows
-
-        async def release_lease(self, key: str, owner: str) -> None:
-            if name != "release-plain-delete":
-                return await super().release_lease(key, owner)
-            self._check_open()
-            # BUG: no ownership check
-            await self._raw(
-                sql.SQL("UPDATE {} SET owner = NULL WHERE key = %s").format(self._t()),
-                (key.encode(),),
-            )
-
-        async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-            if name != "renew-no-owner-check":
-                return await super().renew_lease(key, owner, ttl_ms)
-            self._check_open()
-            rows = await self._raw(
-                sql.SQL(
-                    # BUG: no owner in the WHERE clause
-                    "UPDATE {} SET deadline = clock_timestamp() + %s * interval '1 millisecond' "
-                    "WHERE key = %s AND owner IS NOT NULL AND deadline > clock_timestamp() RETURNING 1"
-                ).format(self._t()),
-                (ttl_ms, key.encode()),
-            )
-            return bool(rows)
-
-        async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
-            if name not in ("acquire-read-then-write", "token-outside-atomic"):
-                return await super().acquire_lease(key, owner, ttl_ms)
-            self._check_open()
-            k, o = key.encode(), owner.encode()
-            rows = await self._raw(
-                sql.SQL(
-                    "SELECT owner, token, deadline > clock_timestamp() FROM {} WHERE key = %s"
-                ).format(self._t()),
-                (k,),
-            )
-            row = rows[0] if rows else None
-            if name == "acquire-read-then-write":
-                if row is not None and row[0] is not None and row[2] and bytes(row[0]) != o:
-                    return AcquireResult(False, bytes(row[0]).decode(), None)
-                await _race_window(ttl_ms)
-                # BUG: writes whatever the earlier read said was free
-                rows = await self._raw(
-                    sql.SQL(
-                        "INSERT INTO {} AS t (key, owner, token, deadline) VALUES (%s, %s, 1, "
-                        "clock_timestamp() + %s * interval '1 millisecond') ON CONFLICT (key) DO "
-                        "UPDATE SET owner = excluded.owner, token = t.token + 1, "
-                        "deadline = excluded.deadline RETURNING token"
-                    ).format(self._t()),
-                    (k, o, ttl_ms),
-                )
-                return AcquireResult(True, owner, int(rows[0][0]))
-            token = (int(row[1]) if row is not None else 0) + 1  # BUG: outside the grant
-            await _race_window(ttl_ms)
-            rows = await self._raw(
-                sql.SQL(
-                    "INSERT INTO {} AS t (key, owner, token, deadline) VALUES (%s, %s, %s, "
-                    "clock_timestamp() + %s * interval '1 millisecond') ON CONFLICT (key) DO "
-                    "UPDATE SET owner = excluded.owner, token = excluded.token, "
-                    "deadline = excluded.deadline WHERE t.owner IS NULL OR t.deadline <= clock_timestamp() "
-                    "OR t.owner = excluded.owner RETURNING token"
-                ).format(self._t()),
-                (k, o, token, ttl_ms),
-            )
-            if rows:
-                return AcquireResult(True, owner, int(rows[0][0]))
-            return await super().acquire_lease(key, owner, ttl_ms)
-
-    return PostgresMutant.from_url(url)
-
-
-def open_backend(url: str, mutant: str | None = None) -> Any:
+def open_backend(url: str, mutant: str | None = None) -> Backend:
     """The backend for ``url``, or its ``mutant`` (a negative control) when named."""
-    if mutant is None or mutant == "no-fencing":
-        return tenure.from_url(url)
-    if mutant not in BACKEND_MUTANTS:
+    if mutant is not None and mutant != "no-fencing" and mutant not in _BY_NAME:
         raise ValueError(f"unknown mutant {mutant!r}; known: {', '.join(MUTANTS)}")
-    scheme = url.split("://", 1)[0].lower()
-    if scheme == "memory":
-        backend = _MemoryMutant()
-        backend.mutant = mutant
+    backend = tenure.from_url(url)
+    if mutant is None or mutant == "no-fencing":
         return backend
-    if scheme == "sqlite":
-        return _sqlite_mutant(mutant, url)
-    if scheme in ("redis", "rediss"):
-        return _redis_mutant(mutant, url)
-    if scheme in ("postgresql", "postgres"):
-        return _postgres_mutant(mutant, url)
-    raise ValueError(f"no mutants for scheme {scheme!r}")
+    return _BY_NAME[mutant](backend)
