@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -164,8 +165,16 @@ def test_bad_password_bearing_url_does_not_show_the_password(url: str) -> None:
 
 
 def test_keyword_options_override_the_query() -> None:
-    backend = RedisStreamsPubSub.from_url("redis://localhost/0?prefix=a:", prefix="b:")
+    def kwargs(backend: RedisStreamsPubSub) -> dict[str, Any]:
+        return backend._client.connection_pool.connection_kwargs
+
+    backend = RedisStreamsPubSub.from_url(
+        "redis://localhost/0?prefix=a:&socket_timeout=1&db=3", prefix="b:", socket_timeout=2.5
+    )
     assert "prefix='b:'" in repr(backend)
+    assert kwargs(backend)["socket_timeout"] == 2.5 and kwargs(backend)["db"] == 3
+    query_only = RedisStreamsPubSub.from_url("redis://localhost/0?socket_timeout=1.5")
+    assert kwargs(query_only)["socket_timeout"] == 1.5
 
 
 def test_key_encoding_is_injective_and_keeps_one_hash_tag() -> None:

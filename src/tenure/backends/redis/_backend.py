@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from ..._contract import Capability
 from ..._errors import ConfigurationError, InvalidArgument
 from ..._validate import MAX_TTL_MS
-from ._connection import RedisConnection, client_from_url
+from ._connection import client_from_url
 from ._leases import RedisLeases
 from ._streams import RedisStreams
 
@@ -118,14 +116,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     handed to another member too.
     """
 
-    capabilities = (
-        Capability.RECORD
-        | Capability.RENEW_MANY
-        | Capability.RELEASE_WAKEUPS
-        | Capability.ATOMIC_TRANSFER
-        | Capability.EVENTS
-        | Capability.DURABLE_GROUPS
-    )
+    capabilities = RedisLeases.capabilities | RedisStreams.capabilities
 
     def __init__(
         self,
@@ -164,18 +155,10 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         if max_ttl_ms > MAX_TTL_MS:
             raise InvalidArgument(f"max_ttl_ms must be at most {MAX_TTL_MS}, got {max_ttl_ms}")
         super().__init__(max_ttl_ms=max_ttl_ms)
-        conn = RedisConnection(client, strict=bool(strict), max_concurrency=max_concurrency)
-        self._conn = conn
-        self._client = client
+        self._setup_connection(
+            client, prefix=prefix, strict=bool(strict), max_concurrency=max_concurrency
+        )
         self._owns_client = owns_client
-        # Bound once: the lease operations' hot path saves the lookups.
-        self._eval = conn.eval
-        self._call = conn.call
-        self._io = conn.io
-        self._where = conn.where
-        self._prefix = prefix
-        self._p = prefix.encode("utf-8")
-        self._instance = uuid.uuid4().hex[:12]
         self._setup_leases(quarantine_ms=max_ttl_ms if quarantine else 0)
         socket_timeout = kwargs.get("socket_timeout")
         # A blocking read must return before the socket timeout fires.

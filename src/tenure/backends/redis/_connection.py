@@ -13,13 +13,14 @@ import contextlib
 import hashlib
 import logging
 import math
+import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from types import TracebackType
 from typing import Any, cast
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -32,7 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..._errors import BackendUnavailable, ConfigurationError
 from ..._url import parse_query, redact, redact_url, to_bool, to_int
 
-__all__ = ["RedisConnection", "Script", "client_from_url", "load_script"]
+__all__ = ["RedisConnection", "RedisParts", "Script", "client_from_url", "load_script"]
 
 logger = logging.getLogger("tenure.redis")
 
@@ -136,14 +137,17 @@ _OUR_KEYWORDS = {*OUR_OPTIONS, "block_ms", "owns_client"}
 
 
 def _url_secrets(url: str) -> list[str]:
-    """The passwords written in ``url`` (user-info and ``*password=`` values), if it parses."""
+    """The passwords written in ``url`` (user-info and ``*password=`` values, as
+    written and decoded), if it parses."""
     try:
         parts = urlsplit(url)
-        secrets = [parts.password or ""]
-        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        secrets = [parts.password or "", unquote(parts.password or "")]
     except ValueError:
         return []
-    secrets += [value for name, value in pairs if "password" in name.lower()]
+    for segment in parts.query.split("&"):
+        name, _, value = segment.partition("=")
+        if "password" in unquote(name).lower():
+            secrets += [value, unquote(value), unquote_plus(value)]
     return [secret for secret in secrets if secret]
 
 
@@ -159,14 +163,10 @@ def client_from_url(url: str, options: dict[str, Any]) -> tuple[aioredis.Redis, 
     shown = redact_url(url)
     try:
         query = parse_query(url, OUR_OPTIONS, theirs=THEIR_OPTIONS, what="Redis URL")
-        parts = urlsplit(url)
     except ConfigurationError as exc:
         # redact_url knows ``password=`` only; ``ssl_password=`` is a secret too.
         raise ConfigurationError(redact(str(exc), secrets)) from None
-    except ValueError as exc:
-        raise ConfigurationError(
-            redact(f"cannot parse Redis URL {shown!r}: {exc}", secrets)
-        ) from None
+    parts = urlsplit(url)  # parse_query has parsed it
     if parts.scheme.lower() not in {"redis", "rediss"}:
         raise ConfigurationError(redact(f"not a redis:// or rediss:// URL: {shown!r}", secrets))
     for name in _RETRY_KEYWORDS:
@@ -174,11 +174,13 @@ def client_from_url(url: str, options: dict[str, Any]) -> tuple[aioredis.Redis, 
             raise ConfigurationError(f"option {name!r} is refused: {_NO_RETRIES}")
     ours = {**query.ours, **options}
     theirs = {name: ours.pop(name) for name in list(ours) if name not in _OUR_KEYWORDS}
+    # redis-py lets a query value win over a keyword; here the keyword wins.
+    rest = "&".join(s for s in query.rest if unquote(s.partition("=")[0]) not in theirs)
     theirs.setdefault("socket_timeout", 5.0)
     theirs.setdefault("socket_connect_timeout", 5.0)
     # The command slots bound the connections; the pool must never refuse.
     theirs.setdefault("max_connections", 2**31)
-    redis_url = urlunsplit((parts.scheme, parts.netloc, parts.path, query.rest_query(), ""))
+    redis_url = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, ""))
     try:
         client = aioredis.Redis.from_url(
             redis_url, retry=Retry(NoBackoff(), 0), retry_on_timeout=False, **theirs
@@ -595,3 +597,23 @@ class RedisConnection:
         if close_client:
             with contextlib.suppress(Exception):
                 await self.client.aclose()
+
+
+class RedisParts:
+    """What the lease half and the event half share: the connection, the key
+    prefix and the instance's name."""
+
+    def _setup_connection(
+        self, client: aioredis.Redis, *, prefix: str, strict: bool, max_concurrency: int
+    ) -> None:
+        conn = RedisConnection(client, strict=strict, max_concurrency=max_concurrency)
+        self._conn = conn
+        self._client = client
+        # Bound once: the lease operations' hot path saves the lookups.
+        self._eval = conn.eval
+        self._call = conn.call
+        self._io = conn.io
+        self._where = conn.where
+        self._prefix = prefix
+        self._p = prefix.encode("utf-8")
+        self._instance = uuid.uuid4().hex[:12]

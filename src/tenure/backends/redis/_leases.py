@@ -10,14 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-
-from ..._contract import AcquireResult, LeaseRecord
+from ..._contract import AcquireResult, Capability, LeaseRecord
 from .._core import LeaseCore
-from ._connection import RedisConnection, Script, _tag, load_script
+from ._connection import RedisParts, _tag, load_script
 
 __all__ = ["RedisLeases"]
 
@@ -40,7 +38,7 @@ def _split_value(value: bytes) -> tuple[int, str]:
     return int(token), owner.decode("utf-8")
 
 
-class RedisLeases(LeaseCore):
+class RedisLeases(RedisParts, LeaseCore):
     """Leases as Lua scripts, and release wake-ups over Redis pub/sub.
 
     A lease key holds ``"<token>:<owner>"`` with the lease's ``PX``; next to
@@ -51,14 +49,12 @@ class RedisLeases(LeaseCore):
     :class:`~tenure.backends.redis.RedisStreamsPubSub` docstring.
     """
 
-    # Set by the backend's constructor (shared with the event half).
-    _conn: RedisConnection
-    _client: aioredis.Redis
-    _call: Callable[..., Awaitable[Any]]
-    _eval: Callable[[Script, Sequence[bytes], Sequence[Any]], Awaitable[Any]]
-    _p: bytes
-    _where: str
-    _instance: str
+    capabilities = (
+        Capability.RECORD
+        | Capability.RENEW_MANY
+        | Capability.RELEASE_WAKEUPS
+        | Capability.ATOMIC_TRANSFER
+    )
 
     def _setup_leases(self, *, quarantine_ms: int) -> None:
         self._channel = self._p + _RELEASED_CHANNEL

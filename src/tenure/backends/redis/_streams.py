@@ -13,17 +13,16 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from ..._contract import Capability
 from ..._errors import BackendUnavailable, InvalidArgument
 from ..._pubsub import Callback, Event, PubSub, check_callback, check_group, prepare_event
 from ..._validate import check_name
-from ._connection import RedisConnection, Script, _tag, load_script
+from ._connection import RedisParts, _tag, load_script
 
 __all__ = ["RedisStreams"]
 
@@ -69,18 +68,13 @@ class _Sub:
     stopped: bool = False
 
 
-class RedisStreams(PubSub):
+class RedisStreams(RedisParts, PubSub):
     """Durable pub/sub on Redis Streams; the guarantees are in the
     :class:`~tenure.backends.redis.RedisStreamsPubSub` docstring."""
 
-    # Set by the backend's constructor (shared with the lease half).
-    _conn: RedisConnection
-    _client: aioredis.Redis
-    _io: Callable[..., Awaitable[Any]]
-    _eval: Callable[[Script, Sequence[bytes], Sequence[Any]], Awaitable[Any]]
-    _p: bytes
-    _where: str
-    _instance: str
+    capabilities = Capability.EVENTS | Capability.DURABLE_GROUPS
+
+    # From the lease core, with which the backend combines this half.
     _closed: bool
 
     if TYPE_CHECKING:
