@@ -1,0 +1,347 @@
+"""``SqlitePubSub``: the lease half and the event half on one worker-thread connection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import sqlite3
+import time
+import uuid
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any, Final
+from urllib.parse import unquote, urlsplit
+
+from ..._contract import Capability
+from ..._errors import BackendUnavailable, ConfigurationError
+from ..._url import parse_query, redact_url
+from ._connection import CHUNK, SYNCHRONOUS, Options, Worker, in_list, load_sql
+from ._events import SqliteEvents
+from ._leases import SqliteLeases, encode_many
+
+__all__ = ["SqlitePubSub"]
+
+logger = logging.getLogger("tenure.sqlite")
+
+_CHECK_LEASES = load_sql("lease_check_many")
+_EVENTS_AFTER = load_sql("event_tops_after")
+
+_OPTION_NAMES: Final = frozenset(Options.__dataclass_fields__)
+# The URL's query values stay text here; the constructor converts them, as it
+# does keyword values, so both are checked and reported the same way.
+_URL_OPTIONS: Final = dict.fromkeys(_OPTION_NAMES, str)
+
+
+def _convert_option(name: str, value: Any) -> Any:
+    """Turn a URL query value (a str) or a keyword value into the option's type."""
+    try:
+        if name in ("busy_timeout_ms", "max_attempts"):
+            if isinstance(value, bool) or not isinstance(value, int | str):
+                raise TypeError
+            number = int(value)
+            low = 1 if name == "max_attempts" else 0
+            if number < low:
+                raise ValueError
+            return number
+        if name == "synchronous":
+            if not isinstance(value, str) or value.lower() not in SYNCHRONOUS:
+                raise ValueError
+            return value.lower()
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise TypeError
+        seconds = float(value)
+        if not (0 < seconds < math.inf):
+            raise ValueError
+        return seconds
+    except (TypeError, ValueError):
+        expected = {
+            "busy_timeout_ms": "an int >= 0 (milliseconds)",
+            "max_attempts": "an int >= 1",
+            "synchronous": "'normal' or 'full'",
+        }.get(name, "a finite number of seconds > 0")
+        raise ConfigurationError(
+            f"sqlite option {name} must be {expected}, got {value!r}"
+        ) from None
+
+
+def _path_from_url(url: str) -> str:
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise ConfigurationError(f"cannot parse the sqlite URL {shown!r}") from None
+    if parts.scheme.lower() != "sqlite":
+        raise ConfigurationError(f"not a sqlite:// URL: {shown!r}")
+    if parts.netloc:
+        raise ConfigurationError(
+            f"sqlite URLs take no host: use sqlite:///relative.db or sqlite:////absolute.db, got {shown!r}"
+        )
+    if parts.fragment:
+        raise ConfigurationError(f"sqlite URLs take no fragment, got {shown!r}")
+    # urlsplit keeps the slash that ends the empty host: '/x.db' is relative,
+    # '//abs/x.db' (four slashes in the URL) is absolute.
+    path = unquote(parts.path)[1:]
+    if not path or path.endswith("/"):
+        raise ConfigurationError(f"sqlite URL names no database file: {shown!r}")
+    if path == ":memory:" or path.startswith("file:"):
+        raise ConfigurationError(
+            "sqlite:// needs a file that processes can share; use memory:// for one process"
+        )
+    return path
+
+
+class SqlitePubSub(SqliteLeases, SqliteEvents):
+    """Leases and durable pub/sub in one SQLite file (``sqlite:///path``).
+
+    **Reach.** Every process on this host that opens the same file. The file
+    must be on a local file system (SQLite's WAL mode needs shared memory; NFS
+    and similar are not supported).
+
+    **Execution.** Each instance runs the standard-library ``sqlite3`` on one
+    dedicated thread with its own connection; the event loop only waits for
+    results, so it never blocks on the file lock. Use an instance from one
+    event loop.
+
+    **Leases.** Every write is one short ``BEGIN IMMEDIATE`` transaction, so the
+    check and the change are atomic across processes. A process that finds the
+    write lock taken retries for ``busy_timeout_ms`` (default 5000); contention
+    never surfaces as "database is locked" within that time. If the lock is
+    held longer (for example by a stopped process), the call raises
+    :class:`~tenure.BackendUnavailable` after the timeout, never hangs, and
+    works again as soon as the holder resumes or dies (the OS drops the file
+    locks of a dead process).
+
+    **Clock.** Deadlines are kept on ``clock`` (default ``time.time``, seconds):
+    the wall clock, the one clock every process on the host shares. Every
+    process using the file must use the same clock; a wall-clock step (an
+    administrator or NTP setting the time) shortens or lengthens live leases by
+    the size of the step. The clock is read inside the transaction, after the
+    write lock is taken. ``clock`` is injectable for tests
+    (:class:`tenure.testing.ManualClock`); it affects leases only, pub/sub
+    timing uses ``time.time``.
+
+    **Fencing tokens** come from one counter row in the same file, bumped in
+    the transaction that grants the lease, so they strictly increase for every
+    key, also after expired or released lease rows were deleted by clean-up.
+
+    **Durability.** WAL journal, ``synchronous=NORMAL`` by default: a
+    transaction that committed survives the crash or ``SIGKILL`` of any process
+    (it is in the WAL file before the call returns, and the file stays
+    consistent whatever instant a process dies). Only an operating-system crash
+    or power loss can lose the last transactions committed before it;
+    ``synchronous=full`` closes that window at the cost of one ``fsync`` per
+    write.
+
+    A lease is lost only when its owner stops renewing it past its TTL.
+
+    **Waiting.** ``wait_lease_released``: a release or transfer by this
+    instance wakes one local waiter at once; one by another process is noticed
+    within about ``poll_interval`` (see below) and also wakes one local waiter.
+
+    **Pub/sub.** A durable event log: each consumer group has a cursor, and
+    events are claimed by a member, then deleted from the group's pending set
+    when its callback returns. A callback that raises gets the event again
+    (``attempt`` increased); a subscriber process that dies with events claimed
+    has them redelivered to another member of the group after
+    ``visibility_timeout`` seconds (default 30; a live subscriber keeps
+    extending the claims of the events it holds). After ``max_attempts``
+    deliveries (default 5) an event is dropped and logged at ERROR. Events
+    published while a topic has no group are not stored. Named groups are
+    durable: events published while a group has no member wait for one.
+    Fan-out subscribers get a private group, deleted on ``unsubscribe``, on
+    ``aclose`` or, when their process died, by any other instance after
+    ``5 * visibility_timeout`` (the dead process's setting) without a
+    heartbeat; a process stopped for that long joins again at the log's end
+    and misses what was published meanwhile (logged at WARNING). Events every group of
+    their topic has acknowledged are pruned every ``prune_interval`` seconds
+    (default 10), and any event older than ``retention`` (default 7 days) is
+    pruned even if unacknowledged, so the file does not grow without bound.
+
+    **Change detection.** SQLite has no notifications. While this instance has
+    subscribers or lease waiters, its thread reads ``PRAGMA data_version`` every
+    ``poll_interval`` seconds (default 0.01); that number changes when another
+    connection commits, and only then does the instance look for new events or
+    released leases. Events and releases from other processes are therefore
+    noticed within about ``poll_interval`` plus one transaction. The check
+    itself costs a few microseconds; the cost of an idle subscriber is the
+    thread's 100 wake-ups a second (measured at 1.4 to 2 percent of one core
+    on a loaded two-core VM, see ``benchmarks/sqlite.py``). With no subscriber
+    and no waiter the thread sleeps until the next operation.
+
+    **Default.** ``tenure.from_url()`` with no URL and no ``TENURE_URL``
+    environment variable opens ``$XDG_DATA_HOME/tenure/tenure.db`` (by default
+    ``~/.local/share/tenure/tenure.db``), creating the directory on first use,
+    so every process of the user on the host shares it.
+
+    Options (keyword arguments or URL query parameters): ``busy_timeout_ms``,
+    ``visibility_timeout``, ``max_attempts``, ``poll_interval``,
+    ``prune_interval``, ``retention``, ``synchronous`` (``normal`` or ``full``).
+    """
+
+    capabilities = (
+        Capability.RECORD
+        | Capability.RENEW_MANY
+        | Capability.RELEASE_WAKEUPS
+        | Capability.ATOMIC_TRANSFER
+        | Capability.EVENTS
+        | Capability.DURABLE_GROUPS
+    )
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] = time.time,
+        **options: Any,
+    ) -> None:
+        unknown = sorted(set(options) - _OPTION_NAMES)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown sqlite option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTION_NAMES))}"
+            )
+        if not callable(clock):
+            raise ConfigurationError(f"clock must be callable, got {type(clock).__name__}")
+        opts = Options(**{name: _convert_option(name, v) for name, v in options.items()})
+        self._path = os.fspath(path)
+        if not self._path or self._path == ":memory:":
+            raise ConfigurationError("SqlitePubSub needs the path of a database file")
+        super().__init__()
+        self._opts = opts
+        self._file = os.path.abspath(self._path)
+        self._clock = clock
+        # The worker thread holds only a weak reference to this object, so a
+        # backend dropped without aclose() is collected, warns and stops it.
+        self._worker = Worker(self._file, opts, weakref.WeakMethod(self._on_external_change))
+        self._init_leases()
+        # A private group whose instance stops heart-beating (every
+        # visibility_timeout / 3) is deleted by any instance after this long;
+        # the owner writes the deadline, so instances may use different settings.
+        self._init_events(uuid.uuid4().hex, 5 * opts.visibility_timeout)
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._refresh_again = False
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> SqlitePubSub:
+        """``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``.
+
+        After ``sqlite://`` comes an empty host and a ``/``; what follows is the
+        path, relative to the working directory unless it starts with ``/``
+        (SQLAlchemy's convention: three slashes for a relative path, four for
+        an absolute one, so ``"sqlite:///" + "/abs/x.db"`` is absolute).
+        Percent-escapes in the path are decoded. Query parameters set options
+        (see the class docstring); keyword ``options`` too, plus ``clock``. An
+        unknown option, an option given twice (in the query, or in the query
+        and as a keyword) or a bad value raises
+        :class:`~tenure.ConfigurationError`. Missing parent directories are
+        created when the file is first opened.
+        """
+        if not isinstance(url, str):
+            raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
+        path = _path_from_url(url)
+        query = parse_query(url, _URL_OPTIONS, what="sqlite").ours
+        for name in options:
+            if name in query:
+                raise ConfigurationError(
+                    f"sqlite option {name!r} is given in the URL and as a keyword"
+                )
+        return cls(path, **query, **options)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"SqlitePubSub({self._path!r}, {state})"
+
+    @property
+    def path(self) -> str:
+        """The database file, as given."""
+        return self._path
+
+    # -- change detection: releases and events committed by other connections ---------
+
+    def _update_polling(self) -> None:
+        self._worker.set_polling(bool(self._topics) or len(self._waiters) > 0)
+
+    def _on_external_change(self) -> None:
+        """Another connection committed: look for released leases and new events."""
+        if self._closed:
+            return
+        if self._refresh_task is not None and not self._refresh_task.done():
+            self._refresh_again = True
+            return
+        self._refresh_task = asyncio.get_running_loop().create_task(
+            self._refresh(), name="tenure-sqlite-refresh"
+        )
+
+    def _check_job(
+        self, conn: sqlite3.Connection, keys: list[bytes], after_event: int | None
+    ) -> tuple[dict[bytes, int | None], list[tuple[bytes, int]]]:
+        states: dict[bytes, int | None] = dict.fromkeys(keys)
+        conn.execute("BEGIN")  # one snapshot for everything read below
+        now = self._clock()
+        for start in range(0, len(keys), CHUNK):
+            chunk = keys[start : start + CHUNK]
+            rows = conn.execute(in_list(_CHECK_LEASES, len(chunk)), chunk)
+            states.update({k: token for k, token, deadline in rows if deadline > now})
+        topics: list[tuple[bytes, int]] = []
+        if after_event is not None:
+            topics = conn.execute(_EVENTS_AFTER, (after_event,)).fetchall()
+        conn.execute("COMMIT")
+        return states, topics
+
+    async def _refresh(self) -> None:
+        while True:
+            self._refresh_again = False
+            waited = self._waiters.keys()
+            for stale in set(self._watched) - set(waited):
+                del self._watched[stale]
+            try:
+                states, topics = await self._run(
+                    self._check_job, encode_many(waited), self._last_event_id
+                )
+            except BackendUnavailable as exc:
+                logger.warning("cannot check %s for changes: %s", self._file, exc)
+                states, topics = {}, []
+            for key_b, token in states.items():
+                key = key_b.decode()
+                previous = self._watched.get(key, -1)
+                self._watched[key] = token
+                if token == previous:
+                    continue
+                if token is None or previous not in (-1, None):
+                    # Released, or owned by someone new since we last looked.
+                    self._waiters.wake_one(key)
+            self._new_events(topics)
+            self._update_polling()
+            if not self._refresh_again:
+                return
+
+    # -- closing -----------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Stop delivery, hand back claimed events, stop the thread; later calls raise ``BackendClosed``."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._refresh_task is not None:
+            self._refresh_task.cancel()
+        groups = await self._stop_events()
+        if self._refresh_task is not None:
+            await asyncio.gather(self._refresh_task, return_exceptions=True)
+        self._waiters.wake_all()
+        if self._worker.thread is None:
+            return
+        try:
+            await self._hand_back(groups)
+        except BackendUnavailable as exc:
+            logger.warning("could not hand back claimed events on close: %s", exc)
+        finally:
+            await self._worker.stop()
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        worker = getattr(self, "_worker", None)
+        if getattr(self, "_closed", True) or worker is None or worker.thread is None:
+            return
+        worker.stop_soon()
+        _warn(f"unclosed {self!r}: its thread was stopped", ResourceWarning, stacklevel=1)

@@ -1,0 +1,522 @@
+"""The event half of the SQLite backend: a durable log, group cursors and claims.
+
+:class:`EventLog` holds the jobs (SQL only, on the worker thread);
+:class:`SqliteEvents` the event-loop side: fetch loops that claim events for
+local groups, delivery workers, batched acknowledgements, heartbeats and
+pruning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from ..._errors import BackendUnavailable, InvalidArgument
+from ..._pubsub import Callback, Event, PubSub, check_callback, check_group, prepare_event
+from ..._validate import check_name
+from ._connection import Connected, Options, load_sql, write
+
+__all__ = ["EventLog", "SqliteEvents"]
+
+logger = logging.getLogger("tenure.sqlite")
+
+_PUBLISH = load_sql("event_publish")
+_TOPIC_TOP = load_sql("event_top")
+_LAST_EVENT = load_sql("event_last")
+_FRESH_EVENTS = load_sql("event_fresh")
+_PRUNE_EVENTS = load_sql("event_prune")
+_JOIN_GROUP = load_sql("group_join")
+_FIND_GROUP = load_sql("group_find")
+_GROUP_CURSOR = load_sql("group_cursor")
+_ADVANCE_GROUP = load_sql("group_advance")
+_GROUP_ALIVE = load_sql("group_alive")
+_DELETE_GROUP = load_sql("group_delete")
+_PRUNE_DEAD_GROUPS = load_sql("group_prune_dead")
+_ANY_DUE_CLAIM = load_sql("claim_any_due")
+_DUE_CLAIMS = load_sql("claim_due")
+_TAKE_CLAIM = load_sql("claim_take")
+_NEW_CLAIM = load_sql("claim_new")
+_DELETE_CLAIM = load_sql("claim_delete")
+_RETRY_CLAIM = load_sql("claim_retry")
+_EXTEND_CLAIM = load_sql("claim_extend")
+_HAND_BACK_CLAIM = load_sql("claim_hand_back")
+_DELETE_GROUP_CLAIMS = load_sql("claim_delete_group")
+_PRUNE_DEAD_CLAIMS = load_sql("claim_prune_dead")
+_PRUNE_ORPHAN_CLAIMS = load_sql("claim_prune_orphans")
+
+_BATCH = 100  # events claimed per fetch
+
+# (group id, event id, attempt): an acknowledgement (attempt None) or a failed attempt.
+_Ack = tuple[int, int, int | None]
+
+
+class _Gone(Exception):
+    """The consumer group row disappeared (deleted as stale by another process)."""
+
+
+@dataclass(eq=False)
+class _Group:
+    """This instance's view of one consumer group on one topic.
+
+    A fan-out subscriber has a private group of its own; a named group is shared
+    by its members in every process, who compete for its events.
+    """
+
+    topic: str
+    name: str | None
+    gid: int
+    cursor: int
+    queue: asyncio.Queue[tuple[int, Event]] = field(default_factory=asyncio.Queue)
+    workers: dict[Callback, asyncio.Task[None]] = field(default_factory=dict)
+    # Event ids this instance has claimed and not yet acknowledged or dropped;
+    # their visibility deadline is extended while this instance lives.
+    held: set[int] = field(default_factory=set)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    progress: asyncio.Event = field(default_factory=asyncio.Event)
+    fetcher: asyncio.Task[None] | None = None
+
+    @property
+    def private(self) -> bool:
+        return self.name is None
+
+
+class EventLog:
+    """The event log's jobs, each one transaction; only the worker thread runs them.
+
+    Claims belong to ``consumer`` (this backend instance); a private group's
+    heartbeat keeps it for ``alive_for`` seconds. Times are ``time.time()``.
+    """
+
+    def __init__(self, opts: Options, consumer: str, alive_for: float) -> None:
+        self.opts = opts
+        self.consumer = consumer
+        self.alive_for = alive_for
+        self.next_prune = 0.0
+
+    def publish(self, conn: sqlite3.Connection, topic: bytes, body: str, created: float) -> None:
+        with write(conn):
+            conn.execute(_PUBLISH, (topic, body, created))
+            now = time.time()
+            if now >= self.next_prune:
+                self.prune(conn, now)
+
+    def prune(self, conn: sqlite3.Connection, now: float) -> None:
+        self.next_prune = now + self.opts.prune_interval
+        conn.execute(_PRUNE_DEAD_CLAIMS, (now,))
+        conn.execute(_PRUNE_DEAD_GROUPS, (now,))
+        if conn.execute(_PRUNE_EVENTS, (now - self.opts.retention,)).rowcount:
+            conn.execute(_PRUNE_ORPHAN_CLAIMS)
+
+    def join(self, conn: sqlite3.Connection, topic: bytes, name: bytes | None) -> tuple[int, int]:
+        """Join (creating it at the log's end if needed) a group; its id and cursor."""
+        private = name is None
+        if name is None:
+            name = b"\0fan-out\0" + uuid.uuid4().bytes
+        with write(conn):
+            conn.execute(_JOIN_GROUP, (topic, name, int(private), time.time() + self.alive_for))
+            gid, cursor = conn.execute(_FIND_GROUP, (topic, name)).fetchone()
+        return gid, cursor
+
+    def fetch(
+        self, conn: sqlite3.Connection, gid: int, topic: bytes
+    ) -> tuple[list[tuple[int, int, str]], int, list[tuple[int, int]]]:
+        """Claim due redeliveries and new events for group ``gid``.
+
+        Returns (claimed (id, attempt, body), the group's cursor, dropped (id, attempts)).
+        A read-only look comes first so that spurious wake-ups cost no write.
+        Raises :class:`_Gone` if the group was deleted.
+        """
+        now = time.time()
+        row = conn.execute(_GROUP_CURSOR, (gid,)).fetchone()
+        if row is None:
+            raise _Gone
+        top = conn.execute(_TOPIC_TOP, (topic,)).fetchone()[0]
+        due = conn.execute(_ANY_DUE_CLAIM, (gid, now)).fetchone()
+        if top <= row[0] and due is None:
+            return [], max(row[0], top), []
+        claimed: list[tuple[int, int, str]] = []
+        dropped: list[tuple[int, int]] = []
+        visible = now + self.opts.visibility_timeout
+        with write(conn):
+            row = conn.execute(_GROUP_CURSOR, (gid,)).fetchone()
+            if row is None:
+                raise _Gone
+            cursor: int = row[0]
+            for event_id, attempt, body in conn.execute(_DUE_CLAIMS, (gid, now, _BATCH)).fetchall():
+                if body is None or attempt >= self.opts.max_attempts:
+                    conn.execute(_DELETE_CLAIM, (gid, event_id))
+                    if body is not None:
+                        dropped.append((event_id, attempt))
+                    continue
+                conn.execute(_TAKE_CLAIM, (attempt + 1, visible, self.consumer, gid, event_id))
+                claimed.append((event_id, attempt + 1, body))
+            room = _BATCH - len(claimed)
+            if room > 0:
+                fresh = conn.execute(_FRESH_EVENTS, (topic, cursor, room)).fetchall()
+                if fresh:
+                    conn.executemany(
+                        _NEW_CLAIM,
+                        [(gid, event_id, visible, self.consumer) for event_id, _ in fresh],
+                    )
+                    cursor = fresh[-1][0]
+                    conn.execute(_ADVANCE_GROUP, (cursor, gid))
+                    claimed.extend((event_id, 1, body) for event_id, body in fresh)
+        return claimed, cursor, dropped
+
+    def settle(self, conn: sqlite3.Connection, acks: deque[_Ack]) -> None:
+        """Write queued acknowledgements and failed attempts, up to 1000 at once."""
+        batch: list[_Ack] = []
+        while acks and len(batch) < 1000:
+            batch.append(acks.popleft())
+        if not batch:
+            return
+        visible = time.time() + self.opts.visibility_timeout
+        with write(conn):
+            for gid, event_id, attempt in batch:
+                if attempt is None:
+                    conn.execute(_DELETE_CLAIM, (gid, event_id))
+                else:
+                    conn.execute(_RETRY_CLAIM, (attempt, visible, gid, event_id))
+
+    def heartbeat(
+        self, conn: sqlite3.Connection, held: list[tuple[int, int]], gids: list[int], prune: bool
+    ) -> None:
+        """Keep this consumer's claims and groups alive; prune if asked."""
+        now = time.time()
+        with write(conn):
+            conn.executemany(
+                _EXTEND_CLAIM,
+                [(now + self.opts.visibility_timeout, g, e, self.consumer) for g, e in held],
+            )
+            conn.executemany(_GROUP_ALIVE, [(now + self.alive_for, g) for g in gids])
+            if prune:
+                self.prune(conn, now)
+
+    def leave(
+        self, conn: sqlite3.Connection, gid: int, private: bool, unfinished: list[tuple[int, int]]
+    ) -> None:
+        """Give up group ``gid``: forget a private group, hand back a named group's claims."""
+        with write(conn):
+            if private:
+                conn.execute(_DELETE_GROUP_CLAIMS, (gid,))
+                conn.execute(_DELETE_GROUP, (gid,))
+            else:
+                conn.executemany(
+                    _HAND_BACK_CLAIM,
+                    [(attempt, gid, e, self.consumer) for e, attempt in unfinished],
+                )
+
+    def topic_tops(self, conn: sqlite3.Connection, topics: list[bytes]) -> dict[bytes, int]:
+        """The newest event id of each topic, in one snapshot."""
+        conn.execute("BEGIN")
+        tops = {t: conn.execute(_TOPIC_TOP, (t,)).fetchone()[0] for t in topics}
+        conn.execute("COMMIT")
+        return tops
+
+    def last_event(self, conn: sqlite3.Connection) -> int:
+        value: int = conn.execute(_LAST_EVENT).fetchone()[0]
+        return value
+
+
+class SqliteEvents(PubSub, Connected):
+    """Pub/sub on the event log: the event-loop side.
+
+    Each local group has a fetch loop that claims events in batches (woken by
+    local publishes, change detection and the maintenance tick) and a queue
+    drained by one delivery worker per callback. Outcomes are written back in
+    batches; a maintenance task extends this instance's claims and prunes.
+    """
+
+    def _init_events(self, consumer: str, alive_for: float) -> None:
+        self._log = EventLog(self._opts, consumer, alive_for)
+        self._topics: dict[str, dict[str | Callback, _Group]] = {}
+        # The newest event id seen; change detection looks for events after it.
+        self._last_event_id: int | None = None
+        self._maintenance_task: asyncio.Task[None] | None = None
+        self._acks: deque[_Ack] = deque()
+        self._acks_running = False
+        self._acks_idle = asyncio.Event()
+        self._acks_idle.set()
+
+    def _new_events(self, topics: list[tuple[bytes, int]]) -> None:
+        """Change detection found events (topic, newest id) committed elsewhere."""
+        for topic_b, max_id in topics:
+            for group in self._topics.get(topic_b.decode(), {}).values():
+                group.wake.set()
+            if self._last_event_id is None or max_id > self._last_event_id:
+                self._last_event_id = max_id
+
+    # -- the contract -----------------------------------------------------------------
+
+    async def publish(self, topic: str, event: Event) -> Event:
+        """Append ``event`` to the log; stored only if ``topic`` has a consumer group."""
+        check_name(topic, "topic")
+        event = prepare_event(event)
+        self._check_open()
+        assert event.created_at is not None
+        await self._run(self._log.publish, topic.encode(), event.to_json(), event.created_at)
+        for group in self._topics.get(topic, {}).values():
+            group.wake.set()
+        return event
+
+    async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
+        """Deliver events published on ``topic`` from now on to ``callback``.
+
+        With ``group``, join that durable group (created at the log's current end
+        if it does not exist yet, in any process); members compete for its events.
+        """
+        check_name(topic, "topic")
+        check_callback(callback)
+        check_group(group)
+        self._check_open()
+        groups = self._topics.setdefault(topic, {})
+        if any(callback in g.workers for g in groups.values()):
+            raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
+        slot: str | Callback = callback if group is None else group
+        target = groups.get(slot)
+        loop = asyncio.get_running_loop()
+        if target is None:
+            try:
+                if self._last_event_id is None:
+                    self._last_event_id = await self._run(self._log.last_event)
+                gid, cursor = await self._run(
+                    self._log.join, topic.encode(), None if group is None else group.encode()
+                )
+            except BaseException:
+                if not groups:
+                    del self._topics[topic]
+                raise
+            target = groups.get(slot)  # another subscribe may have won while we waited
+            if target is None:
+                target = groups[slot] = _Group(topic, group, gid, cursor)
+                target.fetcher = loop.create_task(
+                    self._fetch_loop(target), name=f"tenure-sqlite-fetch-{topic}"
+                )
+            elif group is None:  # the same callback subscribed twice at once
+                await self._run(self._log.leave, gid, True, [])
+                raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
+        if callback in target.workers:
+            raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
+        target.workers[callback] = loop.create_task(
+            self._deliver(target, callback), name=f"tenure-sqlite-{topic}"
+        )
+        target.wake.set()
+        self._update_polling()
+        if self._maintenance_task is None or self._maintenance_task.done():
+            self._maintenance_task = loop.create_task(
+                self._maintain(), name="tenure-sqlite-maintenance"
+            )
+
+    async def unsubscribe(self, topic: str, callback: Callback) -> None:
+        check_name(topic, "topic")
+        self._check_open()
+        groups = self._topics.get(topic, {})
+        for slot, target in list(groups.items()):
+            task = target.workers.pop(callback, None)
+            if task is None:
+                continue
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if not target.workers:
+                del groups[slot]
+                await self._leave(target)
+        if not groups:
+            self._topics.pop(topic, None)
+        self._update_polling()
+
+    async def flush(self) -> None:
+        """Wait until this instance's subscribers have handled what was published so far.
+
+        Exactly: for every topic with a local subscriber, the newest event of
+        that topic committed before the call (by any process) is looked up;
+        the call returns once each local group's cursor has reached it (its
+        events are claimed, by this instance or by another process's member of
+        the same group) and every event this instance claimed and queued by
+        then has been handled (its callback returned, or raised its last
+        allowed time). Events another process claimed, and redeliveries not yet
+        due (``visibility_timeout``), are not waited for. Acknowledgements are
+        written shortly after, in batches.
+        """
+        self._check_open()
+        groups = [g for gs in self._topics.values() for g in gs.values()]
+        if not groups:
+            return
+        tops = await self._run(self._log.topic_tops, [t.encode() for t in self._topics])
+        for group in groups:
+            top = tops.get(group.topic.encode(), 0)
+            while group.cursor < top and group.fetcher is not None and not group.fetcher.done():
+                group.progress.clear()
+                group.wake.set()
+                await group.progress.wait()
+            if group.workers:
+                await group.queue.join()
+
+    # -- claiming and delivering ------------------------------------------------------
+
+    async def _leave(self, target: _Group) -> None:
+        if target.fetcher is not None:
+            target.fetcher.cancel()
+            await asyncio.gather(target.fetcher, return_exceptions=True)
+        unfinished: list[tuple[int, int]] = []
+        while not target.queue.empty():
+            event_id, event = target.queue.get_nowait()
+            unfinished.append((event_id, event.attempt - 1))
+        await self._run(self._log.leave, target.gid, target.private, unfinished)
+
+    async def _fetch_loop(self, group: _Group) -> None:
+        topic = group.topic.encode()
+        while True:
+            await group.wake.wait()
+            group.wake.clear()
+            try:
+                claimed, cursor, dropped = await self._run(self._log.fetch, group.gid, topic)
+            except _Gone:
+                logger.warning(
+                    "consumer group of topic %r was deleted by another process (this one was "
+                    "silent for longer than 5 x visibility_timeout); joining again at the log's end",
+                    group.topic,
+                )
+                try:
+                    group.gid, group.cursor = await self._run(
+                        self._log.join, topic, None if group.name is None else group.name.encode()
+                    )
+                except BackendUnavailable:
+                    await asyncio.sleep(0.5)
+                group.wake.set()
+                continue
+            except BackendUnavailable as exc:
+                logger.warning("cannot fetch events of topic %r: %s", group.topic, exc)
+                group.progress.set()
+                await asyncio.sleep(0.5)
+                group.wake.set()
+                continue
+            group.cursor = max(group.cursor, cursor)
+            for event_id, attempts in dropped:
+                logger.error(
+                    "event %d of topic %r was delivered %d times without being acknowledged "
+                    "(its subscribers died or raised); dropping it",
+                    event_id,
+                    group.topic,
+                    attempts,
+                )
+            for event_id, attempt, body in claimed:
+                group.held.add(event_id)
+                group.queue.put_nowait((event_id, Event.from_json(body, attempt)))
+            group.progress.set()
+            if len(claimed) >= _BATCH:
+                await group.queue.join()
+                group.wake.set()
+
+    async def _deliver(self, group: _Group, callback: Callback) -> None:
+        queue_ = group.queue
+        max_attempts = self._opts.max_attempts
+        while True:
+            event_id, event = await queue_.get()
+            try:
+                await callback(event)
+            except asyncio.CancelledError:
+                # Unsubscribed mid-delivery: hand the event to another member.
+                queue_.put_nowait((event_id, event))
+                raise
+            except Exception:
+                if event.attempt < max_attempts:
+                    logger.warning(
+                        "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
+                        group.topic,
+                        event.id,
+                        event.attempt,
+                        max_attempts,
+                        exc_info=True,
+                    )
+                    self._settle(group.gid, event_id, event.attempt + 1)
+                    queue_.put_nowait((event_id, replace(event, attempt=event.attempt + 1)))
+                else:
+                    logger.error(
+                        "callback for topic %r raised on event %s %d times; dropping it",
+                        group.topic,
+                        event.id,
+                        event.attempt,
+                        exc_info=True,
+                    )
+                    group.held.discard(event_id)
+                    self._settle(group.gid, event_id, None)
+            else:
+                group.held.discard(event_id)
+                self._settle(group.gid, event_id, None)
+            finally:
+                queue_.task_done()
+
+    def _settle(self, gid: int, event_id: int, attempt: int | None) -> None:
+        """Queue an acknowledgement (``attempt`` None) or a failed attempt; written in batches."""
+        self._acks.append((gid, event_id, attempt))
+        if not self._acks_running:
+            self._start_settling()
+
+    def _start_settling(self) -> None:
+        self._acks_running = True
+        self._acks_idle.clear()
+        self._run(self._log.settle, self._acks).add_done_callback(self._settled)
+
+    def _settled(self, fut: asyncio.Future[None]) -> None:
+        self._acks_running = False
+        if not fut.cancelled() and fut.exception() is not None:
+            # The claims stay pending and are redelivered after visibility_timeout.
+            logger.warning("cannot write acknowledgements to %s: %s", self._file, fut.exception())
+            self._acks.clear()
+        thread = self._worker.thread
+        if self._acks and thread is not None and thread.is_alive():
+            self._start_settling()
+        else:
+            self._acks_idle.set()
+
+    async def _maintain(self) -> None:
+        """While there are subscribers: look for due redeliveries, keep claims alive, prune."""
+        vt = self._opts.visibility_timeout
+        tick = min(0.5, vt / 4)
+        next_heartbeat = time.monotonic() + vt / 3
+        next_prune = time.monotonic() + self._opts.prune_interval
+        while self._topics:
+            await asyncio.sleep(tick)
+            groups = [g for gs in self._topics.values() for g in gs.values()]
+            for group in groups:
+                group.wake.set()
+            now = time.monotonic()
+            if now >= next_heartbeat or now >= next_prune:
+                next_heartbeat = now + vt / 3
+                prune = now >= next_prune
+                if prune:
+                    next_prune = now + self._opts.prune_interval
+                try:
+                    await self._run(
+                        self._log.heartbeat,
+                        [(g.gid, e) for g in groups for e in g.held],
+                        [g.gid for g in groups],
+                        prune,
+                    )
+                except BackendUnavailable as exc:
+                    logger.warning("cannot extend claims in %s: %s", self._file, exc)
+
+    # -- closing ----------------------------------------------------------------------
+
+    async def _stop_events(self) -> list[_Group]:
+        """Stop the maintenance task and every delivery worker; the groups they served."""
+        groups = [g for gs in self._topics.values() for g in gs.values()]
+        self._topics.clear()
+        tasks = [t for g in groups for t in g.workers.values()]
+        if self._maintenance_task is not None:
+            tasks.append(self._maintenance_task)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return groups
+
+    async def _hand_back(self, groups: list[_Group]) -> None:
+        """Leave ``groups`` (handing back their claims) and write the last acknowledgements."""
+        for group in groups:
+            await self._leave(group)
+        await self._acks_idle.wait()

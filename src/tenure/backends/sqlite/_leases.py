@@ -1,0 +1,193 @@
+"""The lease half of the SQLite backend: one ``BEGIN IMMEDIATE`` job per operation.
+
+Acquire and transfer read the lease row and decide in Python with the shared
+:func:`~tenure.backends._core.acquire_step` and :func:`~tenure.backends._core.holds`,
+inside the transaction that holds the write lock. Renew and release need no
+read: their holder check is the ``WHERE`` clause of their one statement.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Sequence
+
+from ..._contract import AcquireResult, LeaseRecord
+from .._core import EXTEND, GRANT, REFUSE, LeaseCore, acquire_step, holds
+from ._connection import CHUNK, Connected, in_list, load_sql
+
+__all__ = ["SqliteLeases"]
+
+_SELECT_LEASE = load_sql("lease_select")
+_NEXT_TOKEN = load_sql("lease_next_token")
+_INSERT_LEASE = load_sql("lease_insert")
+_EXTEND_LEASE = load_sql("lease_extend")
+_RENEW_LEASE = load_sql("lease_renew")
+_RENEW_MANY = load_sql("lease_renew_many")
+_RELEASE_LEASE = load_sql("lease_release")
+_TRANSFER_LEASE = load_sql("lease_transfer")
+_SWEEP_LEASES = load_sql("lease_sweep")
+
+_LEASE_SWEEP_INTERVAL = 60.0
+
+
+def encode_many(keys: Sequence[str]) -> list[bytes]:
+    return [k.encode() for k in keys]
+
+
+class SqliteLeases(LeaseCore, Connected):
+    """Leases in the file, read and written by the worker thread's jobs.
+
+    Keys and owners are stored as the bytes of their ASCII text, deadlines as
+    ``clock`` seconds, read inside the transaction after the write lock is
+    taken. Tokens come from the counter row in ``tenure_meta``.
+    """
+
+    def _init_leases(self) -> None:
+        # Last lease token seen for each key with local waiters (None: free);
+        # change detection compares against it.
+        self._watched: dict[str, int | None] = {}
+        # Touched only by jobs, on the worker thread.
+        self._next_lease_sweep = -math.inf
+
+    # -- jobs, on the worker thread ---------------------------------------------------
+    # The hot path: BEGIN IMMEDIATE ... COMMIT spelled out; on any error the
+    # worker rolls the open transaction back.
+
+    def _acquire_job(
+        self, conn: sqlite3.Connection, key: bytes, owner: bytes, ttl_ms: int
+    ) -> tuple[bool, bytes, int | None]:
+        execute = conn.execute
+        execute("BEGIN IMMEDIATE")
+        now = self._clock()
+        row = execute(_SELECT_LEASE, (key,)).fetchone()
+        step = GRANT if row is None else acquire_step(row[0], row[2], owner, now)
+        if step == REFUSE:
+            execute("COMMIT")
+            return False, row[0], None
+        deadline = now + ttl_ms / 1000
+        if step == EXTEND:
+            execute(_EXTEND_LEASE, (deadline, key))
+            token: int = row[1]
+        else:
+            token = execute(_NEXT_TOKEN).fetchone()[0]
+            execute(_INSERT_LEASE, (key, owner, token, deadline))
+        if now >= self._next_lease_sweep:
+            self._next_lease_sweep = now + _LEASE_SWEEP_INTERVAL
+            execute(_SWEEP_LEASES, (now,))
+        execute("COMMIT")
+        return True, owner, token
+
+    def _read_lease_job(
+        self, conn: sqlite3.Connection, key: bytes
+    ) -> tuple[bytes, int, float] | None:
+        row = conn.execute(_SELECT_LEASE, (key,)).fetchone()
+        now = self._clock()
+        if row is None or row[2] <= now:
+            return None
+        return row[0], row[1], row[2] - now
+
+    def _release_job(self, conn: sqlite3.Connection, key: bytes, owner: bytes) -> bool:
+        conn.execute("BEGIN IMMEDIATE")
+        released = conn.execute(_RELEASE_LEASE, (key, owner, self._clock())).rowcount
+        conn.execute("COMMIT")
+        return released == 1
+
+    def _renew_job(self, conn: sqlite3.Connection, key: bytes, owner: bytes, ttl_ms: int) -> bool:
+        conn.execute("BEGIN IMMEDIATE")
+        now = self._clock()
+        renewed = conn.execute(_RENEW_LEASE, (now + ttl_ms / 1000, key, owner, now)).rowcount
+        conn.execute("COMMIT")
+        return renewed == 1
+
+    def _renew_many_job(
+        self, conn: sqlite3.Connection, keys: list[bytes], owner: bytes, ttl_ms: int
+    ) -> set[bytes]:
+        renewed: set[bytes] = set()
+        with self._write(conn):
+            now = self._clock()
+            deadline = now + ttl_ms / 1000
+            for start in range(0, len(keys), CHUNK):
+                chunk = keys[start : start + CHUNK]
+                rows = conn.execute(
+                    in_list(_RENEW_MANY, len(chunk)), (deadline, owner, now, *chunk)
+                )
+                renewed.update(r[0] for r in rows)
+        return renewed
+
+    def _transfer_job(
+        self, conn: sqlite3.Connection, key: bytes, from_owner: bytes, to_owner: bytes, ttl_ms: int
+    ) -> int | None:
+        conn.execute("BEGIN IMMEDIATE")
+        now = self._clock()
+        row = conn.execute(_SELECT_LEASE, (key,)).fetchone()
+        if row is None or not holds(row[0], row[2], from_owner, now):
+            conn.execute("COMMIT")
+            return None
+        token: int = conn.execute(_NEXT_TOKEN).fetchone()[0]
+        conn.execute(_TRANSFER_LEASE, (to_owner, token, now + ttl_ms / 1000, key))
+        conn.execute("COMMIT")
+        return token
+
+    # -- the contract ---------------------------------------------------------------
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
+        ttl = self._args(key, owner, ttl_ms)
+        acquired, holder, token = await self._run(
+            self._acquire_job, key.encode(), owner.encode(), ttl
+        )
+        if not acquired:
+            return AcquireResult(False, holder.decode(), None)
+        if key in self._watched:
+            self._watched[key] = token
+        return AcquireResult(True, owner, token)
+
+    async def _read(self, key: str) -> LeaseRecord | None:
+        row = await self._run(self._read_lease_job, key.encode())
+        if row is None:
+            return None
+        owner, token, remaining = row
+        return LeaseRecord(owner.decode(), token, max(1, math.ceil(remaining * 1000)))
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        self._args_owner(key, owner)
+        if await self._run(self._release_job, key.encode(), owner.encode()):
+            if key in self._watched:
+                self._watched[key] = None
+            self._freed(key)
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        ttl = self._args(key, owner, ttl_ms)
+        return await self._run(self._renew_job, key.encode(), owner.encode(), ttl)
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        ttl = self._args_transfer(key, from_owner, to_owner, ttl_ms)
+        token = await self._run(
+            self._transfer_job, key.encode(), from_owner.encode(), to_owner.encode(), ttl
+        )
+        if token is None:
+            return False
+        if key in self._watched:
+            self._watched[key] = token
+        self._freed(key)
+        return True
+
+    async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
+        """Renew many of ``owner``'s leases in one transaction; one ``bool`` per key, in order."""
+        key_list, ttl = self._args_batch(keys, owner, ttl_ms)
+        encoded = encode_many(key_list)
+        if not encoded:
+            return []
+        renewed = await self._run(self._renew_many_job, encoded, owner.encode(), ttl)
+        return [k in renewed for k in encoded]
+
+    # -- waiting: releases made by other processes are found by polling ---------------
+
+    async def _watch(self, key: str) -> None:
+        self._worker.set_polling(True)
+
+    def _watching(self, key: str, record: LeaseRecord) -> None:
+        self._watched[key] = record.token
+
+    def _unwatch(self) -> None:
+        self._update_polling()

@@ -1,0 +1,2 @@
+-- Forget a private (fan-out) group.
+DELETE FROM tenure_groups WHERE id = ?
