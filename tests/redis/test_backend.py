@@ -177,6 +177,18 @@ def test_keyword_options_override_the_query() -> None:
     assert kwargs(query_only)["socket_timeout"] == 1.5
 
 
+def test_declared_capabilities() -> None:
+    C = tenure.Capability
+    assert RedisStreamsPubSub.capabilities == (
+        C.RECORD
+        | C.RENEW_MANY
+        | C.RELEASE_WAKEUPS
+        | C.ATOMIC_TRANSFER
+        | C.EVENTS
+        | C.DURABLE_GROUPS
+    )
+
+
 def test_key_encoding_is_injective_and_keeps_one_hash_tag() -> None:
     backend = RedisStreamsPubSub.from_url("redis://localhost/0")
     names = ["a", "a}", "a}:token", "a}:lease", "{a}", "%7D", "}", "%", "a\0", "a\0b", "é", "%25"]
