@@ -10,14 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 import pytest_asyncio
 
-from tenure import BackendUnavailable
+from safety.proxy import Proxy
+from tenure import BackendUnavailable, ConfigurationError
 from tenure.backends.postgres import PostgresLeaseProvider
 from tests.postgres.helpers import drop_schema, new_schema
 from tests.support.pg_server import PgServer, free_port
@@ -234,7 +237,7 @@ async def test_server_crash_is_unavailable_then_recovers_with_higher_tokens() ->
 
 
 @pytest.mark.asyncio
-async def test_wrong_password_is_unavailable_and_never_shown(
+async def test_wrong_password_is_a_prompt_configuration_error_and_never_shown(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     secret = "correct-horse-7Q"
@@ -244,11 +247,13 @@ async def test_wrong_password_is_unavailable_and_never_shown(
         good_url = server.url + "?sslmode=disable"
         bad_url = good_url.replace(secret, wrong)
         assert bad_url != good_url
-        async with PostgresLeaseProvider.from_url(f"{bad_url}&pool_timeout=1") as provider:
+        async with PostgresLeaseProvider.from_url(bad_url) as provider:
             assert wrong not in repr(provider)
-            with pytest.raises(BackendUnavailable) as info:
+            started = time.monotonic()
+            with pytest.raises(ConfigurationError) as info:
                 await provider.acquire_lease("k", "alice", 1000)
-            with pytest.raises(BackendUnavailable) as waiting:
+            assert time.monotonic() - started < 2
+            with pytest.raises(ConfigurationError) as waiting:
                 await provider.wait_lease_released("k", 1)
         assert "password authentication failed" in str(info.value)
         for error in (info.value, waiting.value):
@@ -259,6 +264,88 @@ async def test_wrong_password_is_unavailable_and_never_shown(
         async with PostgresLeaseProvider.from_url(good_url) as provider:
             assert secret not in repr(provider)
             assert (await provider.acquire_lease("k", "alice", 1000)).acquired
+
+
+@pytest.mark.parametrize("wrong", ["database", "role"])
+@pytest.mark.asyncio
+async def test_wrong_database_or_role_is_a_prompt_configuration_error(
+    postgres_url: str, unique: str, wrong: str
+) -> None:
+    parts = urlsplit(postgres_url)
+    if wrong == "database":
+        parts = parts._replace(path=f"/tenure_no_such_db_{unique}")
+    else:
+        parts = parts._replace(netloc=f"tenure_no_such_role_{unique}@{parts.netloc.split('@')[-1]}")
+    async with PostgresLeaseProvider.from_url(urlunsplit(parts)) as provider:
+        started = time.monotonic()
+        with pytest.raises(
+            ConfigurationError, match=f"tenure_no_such_{'db' if wrong == 'database' else 'role'}_"
+        ):
+            await provider.get_lease_owner("k")
+        assert time.monotonic() - started < 2
+        # Still an error on the next call, not a hang or a different answer.
+        with pytest.raises(ConfigurationError):
+            await provider.acquire_lease("k", "alice", 1000)
+
+
+@pytest.mark.asyncio
+async def test_a_black_holed_connection_fails_a_bare_call_in_bounded_time(
+    postgres_url: str, schema: str
+) -> None:
+    parts = urlsplit(postgres_url)
+    assert parts.hostname is not None and parts.port is not None
+    async with Proxy(parts.hostname, parts.port) as proxy:
+        user = parts.netloc.rpartition("@")[0]
+        via_proxy = urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}"))
+        async with PostgresLeaseProvider.from_url(via_proxy, schema=schema) as provider:
+            assert (await provider.acquire_lease("k", "alice", 30_000)).acquired
+            proxy.set_mode("blackhole")
+            # The default per-call time limit (a few seconds), no option given.
+            started = time.monotonic()
+            outcomes = await asyncio.wait_for(
+                asyncio.gather(
+                    provider.acquire_lease("k", "bob", 30_000),
+                    provider.get_lease_owner("k"),
+                    provider.wait_lease_released("k", 30),
+                    return_exceptions=True,
+                ),
+                20,
+            )
+            elapsed = time.monotonic() - started
+            # Healed before the proxy must close a connection the client gave up
+            # on while black-holed (the proxy leaves those open).
+            proxy.set_mode("pass")
+            for outcome in outcomes:
+                assert isinstance(outcome, BackendUnavailable), outcomes
+                assert "within" in str(outcome)
+            assert elapsed < 7
+            # Healed: fresh connections answer again.
+            for _ in range(50):
+                try:
+                    owner = await provider.get_lease_owner("k")
+                    break
+                except BackendUnavailable:
+                    await asyncio.sleep(0.2)
+            assert owner == "alice"
+
+
+@pytest.mark.asyncio
+async def test_the_call_time_limit_is_an_option(postgres_url: str, schema: str) -> None:
+    parts = urlsplit(postgres_url)
+    assert parts.hostname is not None and parts.port is not None
+    async with Proxy(parts.hostname, parts.port) as proxy:
+        user = parts.netloc.rpartition("@")[0]
+        via_proxy = urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}"))
+        async with PostgresLeaseProvider.from_url(
+            f"{via_proxy}?call_timeout=0.5", schema=schema
+        ) as provider:
+            await provider.get_lease_owner("k")
+            proxy.set_mode("blackhole")
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable, match=r"0\.5 s"):
+                await asyncio.wait_for(provider.renew_lease("k", "alice", 1000), 20)
+            assert time.monotonic() - started < 2
+            proxy.set_mode("pass")
 
 
 @pytest.mark.asyncio

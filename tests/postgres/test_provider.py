@@ -42,6 +42,8 @@ async def provider(postgres_url: str, schema: str) -> AsyncIterator[PostgresLeas
         ("?pool_min_size=5&pool_max_size=2", "max_size"),
         ("?schema=" + "s" * 64, "at most 63 bytes"),
         ("?table=", "table must be a non-empty"),
+        ("?call_timeout=0", "call_timeout"),
+        ("?call_timeout=soon", "call_timeout"),
     ],
 )
 def test_bad_url_options_are_configuration_errors(query: str, why: str) -> None:
@@ -77,6 +79,7 @@ async def test_url_options_reach_the_right_place(postgres_url: str, schema: str)
         "&sslmode=disable&application_name=tenure-url-test&pool_max_size=3"
     )
     async with from_url(url) as backend:
+        assert isinstance(backend, PostgresLeaseProvider)
         assert (backend.schema, backend.table) == (schema, "my_leases")
         for _ in range(10):  # past psycopg's prepare threshold
             assert (await backend.acquire_lease("k", "alice", 30_000)).acquired
@@ -123,6 +126,79 @@ async def test_closed_provider_raises_backend_closed(provider: PostgresLeaseProv
     with pytest.raises(BackendClosed):
         await provider.wait_lease_released("k", 1)
     assert "closed" in repr(provider)
+
+
+@pytest.mark.asyncio
+async def test_query_values_reach_libpq_unchanged(
+    postgres_url: str, schema: str, unique: str
+) -> None:
+    # A space is %20 in a URL; re-encoding the query once turned it into "+",
+    # which libpq does not decode: "-c+search_path=…" made every connection fail.
+    url = (
+        f"{postgres_url}?schema={schema}&application_name=tenure%20{unique}"
+        f"&options=-c%20search_path%3D{schema}&pool_timeout=2"
+    )
+    async with from_url(url) as backend:
+        assert (await backend.acquire_lease("k", "alice", 30_000)).acquired
+        with psycopg.connect(postgres_url) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE application_name = %s",
+                (f"tenure {unique}",),
+            ).fetchone()
+        assert row is not None and row[0] >= 1
+
+
+# -- isolation -----------------------------------------------------------------------
+
+_CONTENDERS = 16
+
+
+async def _contend(backend: PostgresLeaseProvider, key: str, round_: int) -> None:
+    owners = [f"o{i}-r{round_}" for i in range(_CONTENDERS)]
+    results = await asyncio.gather(
+        *(backend.acquire_lease(key, owner, 30_000) for owner in owners), return_exceptions=True
+    )
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors
+    winners = [r.owner for r in results if not isinstance(r, BaseException) and r.acquired]
+    assert len(winners) == 1, results
+    assert all(not isinstance(r, BaseException) and r.owner == winners[0] for r in results), results
+    assert winners[0] is not None
+    await backend.release_lease(key, winners[0])
+
+
+@pytest.mark.parametrize("level", ["serializable", "repeatable read"])
+@pytest.mark.asyncio
+async def test_contended_acquires_under_a_stricter_server_default_answer_with_the_holder(
+    postgres_url: str, schema: str, level: str
+) -> None:
+    # The server (a role, a database or the URL) may default to a stricter
+    # isolation level; the lease statements must still run at READ COMMITTED,
+    # where a conflicting update waits and then decides on the new row.
+    escaped = level.replace(" ", "%5C%20")  # libpq splits options on unescaped spaces
+    sep = "&" if "?" in postgres_url else "?"
+    conninfo = f"{postgres_url}{sep}options=-c%20default_transaction_isolation%3D{escaped}"
+    async with PostgresLeaseProvider(
+        conninfo, schema=schema, min_size=_CONTENDERS, max_size=_CONTENDERS
+    ) as backend:
+        for round_ in range(6):
+            # Rounds on a new key (concurrent inserts) and on a freed row (updates).
+            await _contend(backend, f"k{round_ // 2}", round_)
+
+
+@pytest.mark.asyncio
+async def test_contended_acquires_with_a_serializable_url_option(
+    postgres_url: str, schema: str
+) -> None:
+    url = (
+        f"{postgres_url}?schema={schema}&pool_min_size={_CONTENDERS}"
+        f"&pool_max_size={_CONTENDERS}&pool_timeout=2"
+        "&options=-c%20default_transaction_isolation%3Dserializable"
+    )
+    async with from_url(url) as backend:
+        assert isinstance(backend, PostgresLeaseProvider)
+        for round_ in range(4):
+            await _contend(backend, "k", round_)
 
 
 # -- renew_leases ------------------------------------------------------------------

@@ -1,6 +1,6 @@
 -- transfer_lease: hand a live lease to another owner in one row update, so
 -- the key is never free in between; new token, fresh full TTL. The row is
--- locked before the clock is read (see postgres_renew.sql). Notifies like a
+-- locked before the clock is read (see renew.sql). Notifies like a
 -- release, so a waiter for the key looks again.
 UPDATE {table} AS t
 SET owner = %(to_owner)s, token = c.token + 1,

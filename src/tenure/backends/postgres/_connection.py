@@ -1,0 +1,528 @@
+"""tenure's link to one PostgreSQL database.
+
+The pool and its connections (liveness without a round trip, the pinned
+isolation level), first use (credentials checked directly, the table created),
+the LISTEN connection, the per-call time limit, and the one place where
+psycopg's and the pool's errors become tenure's, with secrets removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import weakref
+from collections.abc import Callable, Coroutine, Mapping
+from importlib import resources
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import pq, sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+
+from ..._errors import BackendClosed, BackendUnavailable, ConfigurationError, TenureError
+from ..._url import redact
+
+__all__ = ["PgConnection", "check_identifier"]
+
+logger = logging.getLogger("tenure.postgres")
+
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+
+# One lock id for every tenure table: DDL is rare, so serialising all of it is fine.
+_DDL_LOCK_ID = 0x74656E757265  # "tenure"
+_MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: PostgreSQL truncates longer names silently
+
+# Under REPEATABLE READ or SERIALIZABLE a conflicting update fails with a
+# serialization error instead of waiting and deciding on the new row, so the
+# lease statements must not inherit a stricter default from the server.
+_PIN = "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED"
+
+# Wrong password, role or database: no retry will fix them.
+_MISCONFIGURED_STATES = frozenset({"28P01", "28000", "3D000"})
+# libpq reports a refused start-up as text only (no SQLSTATE): the server's
+# messages for those states, plus a bad ``options`` parameter.
+_MISCONFIGURED_TEXT = re.compile(
+    r'authentication failed for user|role "[^"]*" does not exist|database "[^"]*" does not exist'
+    r"|no pg_hba\.conf entry|pg_hba\.conf rejects|no password supplied"
+    r"|unrecognized configuration parameter|invalid command-line argument"
+)
+
+
+def load(name: str) -> str:
+    """The text of ``sql/<name>.sql``, shipped as package data."""
+    return (resources.files("tenure.backends.postgres") / "sql" / f"{name}.sql").read_text("utf-8")
+
+
+def check_identifier(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"{what} must be a non-empty str, got {value!r}")
+    if "\0" in value:
+        raise ConfigurationError(f"{what} must not contain NUL")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ConfigurationError(f"{what} must be encodable as UTF-8") from None
+    if size > _MAX_IDENTIFIER_BYTES:
+        raise ConfigurationError(
+            f"{what} must be at most {_MAX_IDENTIFIER_BYTES} bytes in UTF-8, got {size}"
+        )
+    return value
+
+
+def _describe(conninfo: str) -> tuple[str, str | None]:
+    """A password-free description of ``conninfo`` and the password (to redact)."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.Error:
+        return "postgresql://<unparseable conninfo>", None
+    password = params.get("password")
+    user = params.get("user")
+    host = params.get("host") or "localhost"
+    port = params.get("port")
+    dbname = params.get("dbname") or ""
+    where = f"postgresql://{f'{user}@' if user else ''}{host}{f':{port}' if port else ''}/{dbname}"
+    return where, (str(password) if password else None)
+
+
+def _misconfigured(exc: BaseException) -> bool:
+    if not isinstance(exc, psycopg.Error):
+        return False
+    if exc.sqlstate is not None:
+        return exc.sqlstate in _MISCONFIGURED_STATES
+    return _MISCONFIGURED_TEXT.search(str(exc)) is not None
+
+
+# Pooled connections whose server process said it is going away (a FATAL
+# message that arrived while they sat idle in the pool), and those already
+# set up for tenure (notice handler, isolation level).
+_DOOMED: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
+_ADOPTED: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
+
+
+async def _adopt(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Set a pooled connection up: remember when the server announces it closes
+    it, and pin READ COMMITTED (the pool's ``configure``; on first sight for an
+    injected pool)."""
+    ref = weakref.ref(conn)
+
+    def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+        target = ref()
+        if target is not None and diag.severity_nonlocalized in {"FATAL", "PANIC"}:
+            _DOOMED.add(target)
+
+    conn.add_notice_handler(on_notice)
+    await conn.execute(_PIN)
+    if not conn.autocommit:
+        await conn.commit()
+    _ADOPTED.add(conn)
+
+
+def _usable(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether a pooled connection is still alive, found without a round trip.
+
+    libpq sockets are non-blocking, so ``consume_input`` only reads what is
+    already there. A terminated backend (``pg_terminate_backend``, server
+    shutdown) sends a FATAL message, which libpq hands to the notice handler
+    when it arrives on an idle connection, then closes the socket, which the
+    next read reports. Either one marks the connection dead, so a statement is
+    not sent to a backend that is already going away. (Not done as the pool's
+    ``check`` callback: the pool backs off for a second after a failed check.)
+    """
+    pgconn = conn.pgconn
+    try:
+        if pgconn.status != pq.ConnStatus.OK:
+            return False
+        pgconn.consume_input()
+        pgconn.is_busy()  # parses what was read: runs the notice handler
+        if conn in _DOOMED:
+            return False
+        pgconn.consume_input()
+    except psycopg.Error:
+        return False
+    return pgconn.transaction_status == pq.TransactionStatus.IDLE
+
+
+class PgConnection:
+    """The pool (made here or injected), first use, LISTEN, and error translation.
+
+    Every call through :meth:`execute` and :meth:`listen` ends within
+    ``call_timeout`` seconds: past it the caller gets
+    :class:`~tenure.BackendUnavailable` (outcome unknown) at once, and the
+    abandoned statement is cancelled on the server in the background (psycopg
+    closes the connection if the server does not answer the cancellation).
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        pool: AsyncConnectionPool[Any] | None,
+        schema: str,
+        table: str,
+        min_size: int,
+        max_size: int,
+        pool_timeout: float,
+        call_timeout: float,
+        prepare_threshold: int | None,
+        listen_conninfo: str | None,
+        on_notify: Callable[[str], None],
+        on_gap: Callable[[], None],
+    ) -> None:
+        self.schema = check_identifier(schema, "schema")
+        self.table = check_identifier(table, "table")
+        if not isinstance(conninfo, str):
+            raise ConfigurationError(f"conninfo must be a str, got {type(conninfo).__name__}")
+        if type(min_size) is not int or min_size < 0:
+            raise ConfigurationError(f"min_size must be an int >= 0, got {min_size!r}")
+        if type(max_size) is not int or max_size < max(1, min_size):
+            raise ConfigurationError(
+                f"max_size must be an int >= max(1, min_size), got {max_size!r}"
+            )
+        for name, value in (("timeout", pool_timeout), ("call_timeout", call_timeout)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+                raise ConfigurationError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if prepare_threshold is not None and (
+            type(prepare_threshold) is not int or prepare_threshold < 0
+        ):
+            raise ConfigurationError(
+                f"prepare_threshold must be None or an int >= 0, got {prepare_threshold!r}"
+            )
+        self.call_timeout = float(call_timeout)
+        if pool is not None:
+            if not isinstance(pool, AsyncConnectionPool):
+                raise ConfigurationError(
+                    f"pool must be a psycopg_pool.AsyncConnectionPool, got {type(pool).__name__}"
+                )
+            if not conninfo and isinstance(pool.conninfo, str):
+                conninfo = pool.conninfo
+            self.pool = pool
+            self._owns_pool = False
+        else:
+            try:
+                conninfo_to_dict(conninfo)
+            except psycopg.Error as exc:
+                _, password = _describe(conninfo)
+                raise ConfigurationError(
+                    f"invalid PostgreSQL URL or conninfo: {redact(str(exc), [password])}"
+                ) from None
+            self.pool = AsyncConnectionPool(
+                conninfo,
+                min_size=min_size,
+                max_size=max_size,
+                open=False,
+                timeout=float(pool_timeout),
+                kwargs={"autocommit": True, "prepare_threshold": prepare_threshold},
+                configure=_adopt,
+                name=f"tenure-{self.schema}.{self.table}",
+            )
+            self._owns_pool = True
+        self._conninfo = conninfo
+        self._max_size = pool.max_size if pool is not None else max_size
+        self._listen_conninfo = listen_conninfo if listen_conninfo is not None else conninfo
+        self.where, password = _describe(conninfo)
+        self._secrets = (password, _describe(self._listen_conninfo)[1])
+        # A NOTIFY channel is an identifier of at most 63 bytes; a hash of the
+        # qualified table name fits whatever the names are.
+        digest = hashlib.sha256(f"{self.schema}\0{self.table}".encode()).hexdigest()[:24]
+        self.channel = f"tenure_{digest}"
+        self._on_notify = on_notify
+        self._on_gap = on_gap
+        self._names = {
+            "schema": sql.Identifier(self.schema),
+            "table": sql.Identifier(self.schema, self.table),
+            "now": sql.Identifier(self.schema, "lease_now"),
+        }
+
+        self.closed = False
+        self.opened = False
+        self._ready = False
+        self._ready_lock = asyncio.Lock()
+        self._listen_task: asyncio.Task[None] | None = None
+        self._listen_ready: asyncio.Future[None] | None = None
+        self._stragglers: set[asyncio.Task[Any]] = set()
+
+    def render(self, name: str) -> str:
+        """``sql/<name>.sql`` with the schema, table and clock names composed in."""
+        return sql.SQL(load(name)).format(**self._names).as_string(None)
+
+    # -- errors ----------------------------------------------------------------
+
+    def error(self, op: str, exc: BaseException, detail: str | None = None) -> TenureError:
+        """The one translation of a driver or pool error: the most specific tenure error."""
+        if self.closed and isinstance(exc, PoolClosed):
+            return BackendClosed("PostgresLeaseProvider is closed")
+        text = str(exc).strip() or type(exc).__name__
+        if detail:
+            text = f"{text} ({detail})"
+        text = redact(text, self._secrets)
+        if _misconfigured(exc):
+            return ConfigurationError(f"PostgreSQL at {self.where} refused {op}: {text}")
+        return BackendUnavailable(
+            f"PostgreSQL at {self.where} failed during {op}: {type(exc).__name__}: {text}"
+        )
+
+    async def _diagnosed(self, op: str, exc: PoolTimeout) -> TenureError:
+        """Why the pool cannot connect, from one direct attempt (a pool timeout says nothing)."""
+        if self.closed:
+            return self.error(op, exc)
+        try:
+            conn = await psycopg.AsyncConnection.connect(self._conninfo)
+        except psycopg.Error as failure:
+            if _misconfigured(failure):
+                return self.error(op, failure)
+            return self.error(op, exc, f"connecting directly: {str(failure).strip()}")
+        await conn.close()
+        return self.error(op, exc)  # the server is fine: every pooled connection was busy
+
+    # -- the time limit ----------------------------------------------------------
+
+    async def bounded(self, op: str, work: Coroutine[Any, Any, T]) -> T:
+        """``await work``, but at most ``call_timeout`` seconds.
+
+        ``work`` runs as a task of its own so that the caller gets its answer
+        on time even while psycopg cancels a statement the server (or a black
+        hole in the network) does not answer.
+        """
+        task = asyncio.ensure_future(work)
+        try:
+            await asyncio.wait((task,), timeout=self.call_timeout)
+        except asyncio.CancelledError:
+            self._abandon(task)
+            raise
+        if not task.done():
+            self._abandon(task)
+            raise BackendUnavailable(
+                f"PostgreSQL at {self.where}: no answer to {op} within "
+                f"{self.call_timeout:g} s (outcome unknown)"
+            )
+        return task.result()
+
+    def _abandon(self, task: asyncio.Task[Any]) -> None:
+        task.cancel()
+        self._stragglers.add(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self._stragglers.discard(task)
+        if not task.cancelled():
+            task.exception()  # nobody waits for it any more: retrieved, not logged
+
+    # -- first use -----------------------------------------------------------------
+
+    async def prepare(self, op: str) -> None:
+        """First use: check the credentials and create the table (once)."""
+        if self._ready:
+            return
+        async with self._ready_lock:
+            if self._ready:
+                return
+            if self.closed:
+                raise BackendClosed("PostgresLeaseProvider is closed")
+            if self._owns_pool:
+                # One direct connection first: a wrong password, role or
+                # database is then a prompt ConfigurationError, not a pool
+                # timeout, and the pool starts only once it can connect.
+                try:
+                    conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+                    try:
+                        await self._create_schema(conn)
+                    finally:
+                        await conn.close()
+                except psycopg.Error as exc:
+                    raise self.error(op, exc) from exc
+                if not self.opened:
+                    await self.pool.open(wait=False)
+                    self.opened = True
+            else:
+                try:
+                    async with self.pool.connection() as conn:
+                        await self._create_schema(conn)
+                except PoolTimeout as exc:
+                    raise await self._diagnosed(op, exc) from exc
+                except psycopg.Error as exc:
+                    raise self.error(op, exc) from exc
+            self._ready = True
+
+    async def _create_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        exists = sql.SQL(
+            "SELECT"
+            " EXISTS (SELECT FROM pg_catalog.pg_class c"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %(schema)s AND c.relname = %(table)s),"
+            " EXISTS (SELECT FROM pg_catalog.pg_proc p"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = %(schema)s AND p.proname = 'lease_now' AND p.pronargs = 0)"
+        )
+        params = {"schema": self.schema, "table": self.table}
+        async with conn.transaction():
+            # The second check below must see what another session committed
+            # while this one waited for the lock: a fresh snapshot per statement.
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            row = await (await conn.execute(exists, params)).fetchone()
+            assert row is not None
+            if row[0] and row[1]:
+                return
+            # CREATE … IF NOT EXISTS still races on the catalogs' unique
+            # indexes when two sessions run it at once; the lock serialises them.
+            await conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", (_DDL_LOCK_ID,))
+            row = await (await conn.execute(exists, params)).fetchone()
+            assert row is not None
+            has_table, has_clock = row
+            *tables, clock = [
+                sql.SQL(part.strip()).format(**self._names)
+                for part in load("schema").split("\n--;\n")
+                if part.strip()
+            ]
+            if not has_table:
+                for statement in tables:
+                    await conn.execute(statement)
+            if not has_clock:
+                await conn.execute(clock)
+            logger.info("created the lease table %s.%s", self.schema, self.table)
+
+    # -- statements ------------------------------------------------------------------
+
+    async def execute(
+        self,
+        op: str,
+        query: str,
+        params: Mapping[str, Any],
+        *,
+        retry: bool,
+        definite: Callable[[Rows], bool] | None = None,
+    ) -> Rows:
+        """Run one statement within the call time limit; see :meth:`_execute`."""
+        return await self.bounded(op, self._execute(op, query, params, retry, definite))
+
+    async def _execute(
+        self,
+        op: str,
+        query: str,
+        params: Mapping[str, Any],
+        retry: bool,
+        definite: Callable[[Rows], bool] | None,
+    ) -> Rows:
+        """Run one statement; with ``retry``, once more if the connection broke under it.
+
+        The first attempt may have been applied before the connection broke.
+        Re-running an idempotent operation is safe, but its answer can then be
+        wrong about the first attempt: an acquire that was granted, whose
+        lease expired and went to someone else before the retry, would come
+        back "refused". So when ``definite`` says a retried answer does not
+        settle the outcome, the call raises BackendUnavailable (outcome
+        unknown) instead of reporting it.
+        """
+        await self.prepare(op)
+        attempt = 0
+        dead = 0
+        while True:
+            conn: psycopg.AsyncConnection[Any] | None = None
+            try:
+                async with self.pool.connection() as conn:
+                    if not _usable(conn) and dead <= self._max_size:
+                        # Closed, so that the pool drops it; try the next one.
+                        dead += 1
+                        await conn.close()
+                        continue
+                    if conn not in _ADOPTED:
+                        await _adopt(conn)
+                    cur = await conn.execute(query, params)
+                    rows = await cur.fetchall() if cur.description is not None else []
+                    if not conn.autocommit:
+                        await conn.commit()
+                if attempt and definite is not None and not definite(rows):
+                    raise BackendUnavailable(
+                        f"{op}: the connection broke during the call and the retry "
+                        "cannot tell whether the first attempt was applied (outcome unknown)"
+                    )
+                return rows
+            except PoolTimeout as exc:
+                raise await self._diagnosed(op, exc) from exc
+            except psycopg.Error as exc:
+                if retry and attempt == 0 and conn is not None and conn.broken:
+                    # The connection died under us (terminated backend,
+                    # restart). The operation is idempotent, so running it
+                    # again on a fresh connection is safe whether or not the
+                    # first attempt was applied.
+                    attempt += 1
+                    logger.info("connection lost during %s; retrying once: %s", op, exc)
+                    continue
+                raise self.error(op, exc) from exc
+
+    # -- LISTEN ------------------------------------------------------------------------
+
+    async def listen(self, op: str) -> None:
+        """Make sure the LISTEN connection is up, within the call time limit."""
+        await self.bounded(op, self._listening(op))
+
+    async def _listening(self, op: str) -> None:
+        await self.prepare(op)
+        task = self._listen_task
+        if task is None or task.done():
+            ready = self._listen_ready = asyncio.get_running_loop().create_future()
+            # A first failure nobody awaits any more must not be logged as lost.
+            ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._listen_task = asyncio.create_task(
+                self._listen(ready), name=f"tenure-postgres-listen-{self.channel}"
+            )
+        assert self._listen_ready is not None
+        await asyncio.shield(self._listen_ready)
+
+    async def _listen(self, ready: asyncio.Future[None]) -> None:
+        listen = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
+        delay = 0.1
+        while not self.closed:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self._listen_conninfo, autocommit=True)
+                try:
+                    await conn.execute(listen)
+                    if ready.done():
+                        # Reconnected: releases may have been missed meanwhile.
+                        self._on_gap()
+                    else:
+                        ready.set_result(None)
+                    delay = 0.1
+                    async for note in conn.notifies():
+                        self._on_notify(note.payload)
+                finally:
+                    await conn.close()
+            except psycopg.Error as exc:
+                if not ready.done():
+                    ready.set_exception(self.error("LISTEN", exc))
+                    return
+                self._on_gap()
+                logger.warning(
+                    "LISTEN connection to PostgreSQL at %s lost (%s); reconnecting in %.1f s",
+                    self.where,
+                    redact(str(exc), self._secrets),
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # -- life cycle ------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Stop the LISTEN connection and abandoned calls; close the pool if it is ours."""
+        self.closed = True
+        task, self._listen_task = self._listen_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        # An abandoned call may be inside psycopg's cancellation of its
+        # statement (seconds on a dead network): cancelling it again makes
+        # psycopg close that connection at once.
+        for _ in range(50):
+            if not self._stragglers:
+                break
+            for straggler in self._stragglers:
+                straggler.cancel()
+            await asyncio.wait(self._stragglers, timeout=0.1)
+        if self._owns_pool:
+            await self.pool.close()

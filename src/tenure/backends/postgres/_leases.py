@@ -1,0 +1,349 @@
+"""The lease half of the PostgreSQL backend: one SQL file per operation, on the shared core."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from psycopg_pool import AsyncConnectionPool
+
+from ..._contract import AcquireResult, Capability, LeaseRecord
+from ..._errors import ConfigurationError
+from ..._url import parse_query, to_bool, to_int, to_seconds
+from .._core import LeaseCore
+from ._connection import PgConnection
+
+__all__ = ["PostgresLeaseProvider"]
+
+logger = logging.getLogger("tenure.postgres")
+
+# tenure's URL query options and the constructor keyword each one sets; every
+# other query parameter goes to libpq as written (libpq checks it).
+_URL_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "schema": ("schema", str),
+    "table": ("table", str),
+    "pool_min_size": ("min_size", to_int(0)),
+    "pool_max_size": ("max_size", to_int(0)),
+    "pool_timeout": ("timeout", float),
+    "call_timeout": ("call_timeout", to_seconds),
+    "prepare": ("prepare_threshold", lambda text: 5 if to_bool(text) else None),
+}
+_KWARGS = frozenset(
+    {
+        "schema",
+        "table",
+        "min_size",
+        "max_size",
+        "timeout",
+        "call_timeout",
+        "prepare_threshold",
+        "pool",
+        "listen_conninfo",
+    }
+)
+
+
+class PostgresLeaseProvider(LeaseCore):
+    """Leases in a PostgreSQL table (``postgresql://`` or ``postgres://``).
+
+    **Guarantees.** Each operation is one statement (``INSERT … ON CONFLICT …
+    DO UPDATE … RETURNING`` or ``UPDATE … RETURNING``) in its own transaction;
+    row locks make it atomic. Statements run at READ COMMITTED whatever the
+    server's default (the backend pins it on its connections: under
+    REPEATABLE READ or SERIALIZABLE a contended acquire would fail instead of
+    naming the holder). Expiry is judged on the server clock,
+    ``clock_timestamp()`` read through the function ``<schema>.lease_now()``
+    (never ``now()``, the start of the transaction), after the row lock was
+    taken, so a statement that waited for a lock decides on the current time.
+    Fencing tokens live in the lease row: a change of owner (acquire of a free
+    or expired key, transfer) adds one; a re-acquire by the holder and a renew
+    keep it. Rows are never deleted by tenure, so tokens increase across
+    release and expiry. A new row's token starts at the server time in
+    microseconds, so even a key whose row an operator deleted gets a higher
+    token later, unless the server clock went back.
+
+    Keys and owners are stored as UTF-8 ``bytea``: NUL round-trips and
+    comparison is byte-wise. The table (default ``tenure.leases``, URL options
+    ``schema`` and ``table``) and the clock function are created on first use,
+    in one transaction under a transaction-scoped advisory lock (DDL only), so
+    several processes may start at once. It grows by one small row per key
+    ever leased.
+
+    **Connections.** A ``psycopg_pool.AsyncConnectionPool`` in autocommit mode
+    (``pool_min_size``, default 1; ``pool_max_size``, default 10;
+    ``pool_timeout`` seconds to get a connection, default 10), or one you pass
+    as ``pool=`` (you open and close it; its connections should be autocommit,
+    otherwise each statement is committed explicitly). Query parameters of the
+    URL other than tenure's options (``sslmode``, ``connect_timeout``,
+    ``application_name``, ``options``, …) reach libpq exactly as written. The
+    first use makes one direct connection (to check the credentials and create
+    the table) before the pool starts. A pooled connection the server closed
+    (``pg_terminate_backend``, restart) is detected when it is taken from the
+    pool; if a connection breaks during a statement, the idempotent operations
+    (acquire, renew, release, reads) are retried once on a fresh connection. A
+    retried acquire that is refused, or a retried renew that fails, raises
+    :class:`~tenure.BackendUnavailable` instead: the first attempt may have
+    been applied, so the refusal would not be the truth about the call (the
+    safety harness found this). ``transfer_lease`` is not retried (a lost
+    reply would make a retry report ``False`` after a successful hand-over):
+    it raises :class:`~tenure.BackendUnavailable`.
+
+    **Time limit.** Every call (waiting for a connection, retries and, for
+    ``wait_lease_released``, setting up the ``LISTEN`` connection included)
+    answers within ``call_timeout`` seconds (URL option ``call_timeout``,
+    default 5): past it, it raises :class:`~tenure.BackendUnavailable`
+    (outcome unknown) and the statement is cancelled on the server in the
+    background. A call waiting longer than that for a row lock held by a long
+    transaction elsewhere fails the same way.
+
+    **PgBouncer.** Lease operations work in transaction pooling mode. psycopg
+    prepares a statement after it ran 5 times on a connection; that needs
+    PgBouncer >= 1.21 with ``max_prepared_statements`` set. With an older
+    PgBouncer pass ``?prepare=false`` (or ``prepare_threshold=None``). The
+    isolation level is pinned with a session ``SET`` on each new connection,
+    which transaction pooling does not keep: behind it, leave the server's
+    ``default_transaction_isolation`` at ``read committed`` (PostgreSQL's
+    default). ``wait_lease_released`` uses one dedicated ``LISTEN`` connection
+    outside the pool, which needs a session (direct or session-pooled)
+    connection: pass ``listen_conninfo=`` when the main URL goes through
+    PgBouncer in transaction mode.
+
+    **Wake-ups.** Release and transfer also ``pg_notify`` a channel named after
+    the table (payload: the key in hex); each listening process wakes one of
+    its waiters. PostgreSQL serialises the commits of notifying transactions,
+    which costs some throughput when many processes release at once (see
+    ``benchmarks/postgres.py``). When the ``LISTEN`` connection is lost and
+    comes back every waiter is woken (releases in between may have been
+    missed). Expiry sends no notification: waiters learn of it by their timeout.
+
+    **When a lease can be lost.** Only when its owner does not renew within
+    the TTL (measured on the server clock), or when someone changes the table
+    by hand. A failover to a replica that had not received the last commits
+    (asynchronous replication) can forget recent grants.
+
+    **Errors.** A wrong password, role or database (and a bad ``options``
+    parameter) raises :class:`~tenure.ConfigurationError` at the first call.
+    Other driver and pool errors, and the time limit, raise
+    :class:`~tenure.BackendUnavailable` (outcome unknown; every operation is
+    safe to retry). Messages never show the password; neither does ``repr``.
+    """
+
+    capabilities = (
+        Capability.RECORD
+        | Capability.RENEW_MANY
+        | Capability.RELEASE_WAKEUPS
+        | Capability.ATOMIC_TRANSFER
+    )
+
+    def __init__(
+        self,
+        conninfo: str = "",
+        *,
+        pool: AsyncConnectionPool[Any] | None = None,
+        schema: str = "tenure",
+        table: str = "leases",
+        min_size: int = 1,
+        max_size: int = 10,
+        timeout: float = 10.0,
+        call_timeout: float = 5.0,
+        prepare_threshold: int | None = 5,
+        listen_conninfo: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._conn = PgConnection(
+            conninfo,
+            pool=pool,
+            schema=schema,
+            table=table,
+            min_size=min_size,
+            max_size=max_size,
+            pool_timeout=timeout,
+            call_timeout=call_timeout,
+            prepare_threshold=prepare_threshold,
+            listen_conninfo=listen_conninfo,
+            on_notify=self._on_notify,
+            on_gap=self._waiters.wake_all,
+        )
+        self._channel = self._conn.channel
+        render = self._conn.render
+        self._q_acquire = render("acquire")
+        self._q_get = render("get")
+        self._q_release = render("release")
+        self._q_renew = render("renew")
+        self._q_renew_many = render("renew_many")
+        self._q_transfer = render("transfer")
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> PostgresLeaseProvider:
+        """Build from ``postgresql://user:password@host:port/dbname?…``.
+
+        tenure's query options (``schema``, ``table``, ``pool_min_size``,
+        ``pool_max_size``, ``pool_timeout``, ``call_timeout``, ``prepare``) are
+        removed before the URL goes to libpq; every other parameter goes to
+        libpq exactly as written, and must be one of its parameters
+        (``sslmode``, ``connect_timeout``, ``options``, …), else
+        :class:`~tenure.ConfigurationError`. Keyword ``options`` (the
+        constructor's) override the URL.
+        """
+        unknown = sorted(set(options) - _KWARGS)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown option(s) for postgresql://: {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(_KWARGS))}"
+            )
+        query = parse_query(
+            url, {name: parse for name, (_, parse) in _URL_OPTIONS.items()}, pass_unknown=True
+        )
+        parts = urlsplit(url)  # parse_query has parsed it already
+        if parts.scheme.lower() not in {"postgresql", "postgres"}:
+            raise ConfigurationError(
+                f"not a postgresql:// URL: {parts.scheme}:// (expected postgresql:// or postgres://)"
+            )
+        conninfo = urlunsplit(parts._replace(query=query.rest_query()))
+        kwargs: dict[str, Any] = {
+            _URL_OPTIONS[name][0]: value for name, value in query.ours.items()
+        }
+        kwargs.update(options)
+        return cls(conninfo, **kwargs)
+
+    def __repr__(self) -> str:
+        state = ", closed" if self._closed else ""
+        return (
+            f"PostgresLeaseProvider({self._conn.where!r}, schema={self.schema!r}, "
+            f"table={self.table!r}{state})"
+        )
+
+    @property
+    def schema(self) -> str:
+        return self._conn.schema
+
+    @property
+    def table(self) -> str:
+        return self._conn.table
+
+    # safety/mutants.py subclasses the provider to run broken statements of its own.
+    @property
+    def _pool(self) -> AsyncConnectionPool[Any]:
+        return self._conn.pool
+
+    async def _prepare(self, op: str) -> None:
+        await self._conn.prepare(op)
+
+    # -- the lease methods ---------------------------------------------------------
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
+        ttl = self._args(key, owner, ttl_ms)
+        wanted = owner.encode()
+        rows = await self._conn.execute(
+            "acquire_lease",
+            self._q_acquire,
+            {"key": key.encode(), "owner": wanted, "ttl_ms": ttl},
+            retry=True,
+            definite=lambda rows: bool(rows) and rows[0][0] == wanted,
+        )
+        holder, token = rows[0]
+        if holder == wanted:
+            return AcquireResult(True, owner, int(token))
+        return AcquireResult(False, bytes(holder).decode(), None)
+
+    async def _read(self, key: str) -> LeaseRecord | None:
+        rows = await self._conn.execute("get_lease", self._q_get, {"key": key.encode()}, retry=True)
+        if not rows:
+            return None
+        owner, token, ttl_ms = rows[0]
+        return LeaseRecord(bytes(owner).decode(), int(token), max(1, int(ttl_ms)))
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        # No local wake-up: the notification reaches this process's listener too.
+        self._args_owner(key, owner)
+        await self._conn.execute(
+            "release_lease",
+            self._q_release,
+            {"key": key.encode(), "owner": owner.encode(), "channel": self._channel},
+            retry=True,
+        )
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        ttl = self._args(key, owner, ttl_ms)
+        rows = await self._conn.execute(
+            "renew_lease",
+            self._q_renew,
+            {"key": key.encode(), "owner": owner.encode(), "ttl_ms": ttl},
+            retry=True,
+            definite=bool,
+        )
+        return bool(rows)
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        """Hand ``key`` to ``to_owner`` atomically (one row update, no gap).
+
+        Not retried after a broken connection: the outcome is then unknown and
+        :class:`~tenure.BackendUnavailable` is raised.
+        """
+        ttl = self._args_transfer(key, from_owner, to_owner, ttl_ms)
+        rows = await self._conn.execute(
+            "transfer_lease",
+            self._q_transfer,
+            {
+                "key": key.encode(),
+                "from_owner": from_owner.encode(),
+                "to_owner": to_owner.encode(),
+                "ttl_ms": ttl,
+                "channel": self._channel,
+            },
+            retry=False,
+        )
+        return bool(rows)
+
+    async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
+        """Renew many of ``owner``'s leases in one statement; one ``bool`` per key, in order.
+
+        A key given twice gets the same answer twice.
+        """
+        key_list, ttl = self._args_batch(keys, owner, ttl_ms)
+        if not key_list:
+            return []
+        encoded = [key.encode() for key in key_list]
+        # Each key once; the statement locks rows in key order, so concurrent
+        # batches do not deadlock.
+        unique = sorted(set(encoded))
+        rows = await self._conn.execute(
+            "renew_leases",
+            self._q_renew_many,
+            {"keys": unique, "owner": owner.encode(), "ttl_ms": ttl},
+            retry=True,
+            definite=lambda rows: len(rows) == len(unique),
+        )
+        renewed = {bytes(key) for (key,) in rows}
+        return [key in renewed for key in encoded]
+
+    # -- waiting -----------------------------------------------------------------
+
+    async def _watch(self, key: str) -> None:
+        await self._conn.listen("wait_lease_released")
+
+    def _on_notify(self, payload: str) -> None:
+        try:
+            key = bytes.fromhex(payload).decode("utf-8")
+        except ValueError:
+            logger.warning("ignoring a malformed notification on %s", self._channel)
+            return
+        self._waiters.wake_one(key)
+
+    # -- life cycle --------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the pool (if this provider made it) and the LISTEN connection."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._conn.aclose()
+        self._waiters.wake_all()
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None and conn.opened and not self._closed:
+            _warn(f"unclosed {self!r}", ResourceWarning, stacklevel=1)
