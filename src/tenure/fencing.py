@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import BackendClosed, BackendUnavailable, InvalidArgument
 from ._lifecycle import AsyncCloseable
-from ._url import redact_url
+from ._url import redact, redact_url
 from ._validate import check_name
 
 if TYPE_CHECKING:
@@ -100,6 +100,16 @@ class MemoryFencedStore(FencedStore):
         return self._data.get(key)
 
 
+def _password(conninfo: str) -> str | None:
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        password = conninfo_to_dict(conninfo).get("password")
+    except Exception:  # unparsable (or no driver): redact() still hides password=… fields
+        return None
+    return str(password) if password else None
+
+
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
@@ -125,6 +135,9 @@ class PostgresFencedStore(FencedStore):
             if ident is not None and not _IDENTIFIER.fullmatch(ident):
                 raise InvalidArgument(f"{name} must be a plain SQL identifier, got {ident!r}")
         self._conninfo = conninfo
+        self._secrets = [_password(conninfo)]
+        shown = redact_url(conninfo) if "://" in conninfo else conninfo
+        self._shown = redact(shown, self._secrets)
         self._table = table
         self._schema = schema
         self._conn: psycopg.AsyncConnection[Any] | None = None
@@ -132,7 +145,7 @@ class PostgresFencedStore(FencedStore):
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"PostgresFencedStore({redact_url(self._conninfo)!r}, table={self._table!r})"
+        return f"PostgresFencedStore({self._shown!r}, table={self._table!r})"
 
     def _qualified(self) -> Any:
         from psycopg import sql
@@ -178,9 +191,10 @@ class PostgresFencedStore(FencedStore):
             except psycopg.Error as exc:
                 if self._conn is not None and self._conn.closed:
                     self._conn = None
+                detail = redact(str(exc).strip(), self._secrets)
                 raise BackendUnavailable(
-                    f"PostgreSQL fenced store at {redact_url(self._conninfo)} failed: "
-                    f"{type(exc).__name__}"
+                    f"PostgreSQL fenced store at {self._shown} failed: "
+                    f"{type(exc).__name__}: {detail}"
                 ) from exc
 
     async def write(self, key: str, token: int, value: Any) -> bool:

@@ -104,3 +104,22 @@ async def test_postgres_store_errors_are_translated_without_the_password(schema:
         await store.read("k")
     with pytest.raises(InvalidArgument, match="table"):
         PostgresFencedStore(POSTGRES_URL, table="x; drop table y")
+
+
+@pytest.mark.parametrize(
+    "conninfo",
+    [
+        "host=127.0.0.1 port=1 user=postgres password=s3cret-dsn dbname=postgres connect_timeout=2",
+        "host=127.0.0.1 port=1 password='s3cret-dsn' connect_timeout=2",
+        "postgresql://postgres:s3cret-dsn@127.0.0.1:1/postgres?connect_timeout=2",
+        "postgresql://postgres@127.0.0.1:1/postgres?password=s3cret-dsn&connect_timeout=2",
+    ],
+)
+@pytest.mark.asyncio
+async def test_postgres_store_never_shows_a_password(conninfo: str, schema: str) -> None:
+    async with PostgresFencedStore(conninfo, schema=schema) as store:
+        assert "s3cret-dsn" not in repr(store)
+        with pytest.raises(BackendUnavailable) as info:
+            await store.write("k", 1, "v")
+        assert "s3cret-dsn" not in str(info.value)
+        assert "127.0.0.1" in str(info.value)
