@@ -113,6 +113,17 @@ class Capability(enum.Flag):
     DURABLE_GROUPS = enum.auto()
     #: ``scan_leases`` and ``revoke_lease``, for operators.
     OPERATIONS = enum.auto()
+    #: ``publish`` of an event whose ``id`` was already published on the topic
+    #: (within the backend's retention) stores nothing and returns the first one.
+    DEDUPE = enum.auto()
+    #: ``reclaim(topic, group) -> int``: every event of ``group`` delivered but not
+    #: acknowledged (to any member, dead or alive) goes back to the group at once,
+    #: and is delivered before any newer event. For a sole consumer elected by a
+    #: lease: what its dead predecessor held comes back without a redelivery timeout.
+    RECLAIM = enum.auto()
+    #: ``backlog(prefix, group) -> list[str]``: the topics starting with ``prefix``
+    #: whose ``group`` has events not yet acknowledged (unread or in flight).
+    BACKLOG = enum.auto()
 
 
 def capabilities_of(backend: object) -> Capability:

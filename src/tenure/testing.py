@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from ._contract import AcquireResult
+from ._contract import AcquireResult, Capability, capabilities_of
 from ._detect import is_lease_provider
 from ._errors import BackendClosed, InvalidArgument
 from ._pubsub import Event
@@ -113,6 +113,32 @@ def _bad_arguments() -> list[tuple[str, str, tuple[Any, ...], str]]:
 _BAD = _bad_arguments()
 
 
+# The methods each capability promises (CONTRACT section 3).
+_METHODS: dict[Capability, tuple[str, ...]] = {
+    Capability.RECORD: ("get_lease",),
+    Capability.RENEW_MANY: ("renew_leases",),
+    Capability.RELEASE_WAKEUPS: ("wait_lease_released",),
+    Capability.EVENTS: ("publish", "subscribe", "unsubscribe", "flush"),
+    Capability.OPERATIONS: ("scan_leases", "revoke_lease"),
+    Capability.RECLAIM: ("reclaim",),
+    Capability.BACKLOG: ("backlog",),
+}
+
+
+def _assert_declared_methods(backend: object, declared: Capability) -> None:
+    for capability, names in _METHODS.items():
+        if capability in declared:
+            for name in names:
+                assert callable(getattr(backend, name, None)), (
+                    f"{type(backend).__name__} declares {capability.name} but has no {name}()"
+                )
+
+
+def _require(backend: object, capability: Capability) -> None:
+    if capability not in capabilities_of(backend):
+        pytest.skip(f"{type(backend).__name__} does not declare Capability.{capability.name}")
+
+
 class LeaseContract:
     """The lease contract (CONTRACT sections 2 to 5) as tests.
 
@@ -136,7 +162,15 @@ class LeaseContract:
     @pytest.mark.asyncio
     async def test_is_detected_structurally(self, lease_provider: Any) -> None:
         assert is_lease_provider(lease_provider)
-        assert callable(getattr(lease_provider, "get_lease", None))
+
+    @pytest.mark.asyncio
+    async def test_declares_record_reads_and_every_declared_method_exists(
+        self, lease_provider: Any
+    ) -> None:
+        declared = capabilities_of(lease_provider)
+        # get_lease is part of the contract (section 3), and this suite reads it.
+        assert Capability.RECORD in declared, "declare Capability.RECORD and provide get_lease"
+        _assert_declared_methods(lease_provider, declared)
 
     @pytest.mark.asyncio
     async def test_free_key_is_granted(self, lease_provider: Any, key: str) -> None:
@@ -430,11 +464,110 @@ class LeaseContract:
 
 
 class PubSubContract:
-    """The event-delivery contract (CONTRACT section 6) as tests. Provide ``pubsub``."""
+    """The event-delivery contract (CONTRACT section 6) as tests. Provide ``pubsub``.
+
+    The tests of ``DEDUPE``, ``RECLAIM`` and ``BACKLOG`` run when the backend
+    declares them, and are reported as skipped (naming the capability) when it
+    does not.
+    """
 
     @pytest.fixture
     def topic(self) -> str:
         return f"contract-{uuid.uuid4().hex}"
+
+    @pytest.mark.asyncio
+    async def test_declares_events_and_every_declared_method_exists(self, pubsub: Any) -> None:
+        declared = capabilities_of(pubsub)
+        assert Capability.EVENTS in declared, "declare Capability.EVENTS"
+        _assert_declared_methods(pubsub, declared)
+
+    @pytest.mark.asyncio
+    async def test_a_retried_publish_is_stored_once(self, pubsub: Any, topic: str) -> None:
+        _require(pubsub, Capability.DEDUPE)
+        got: list[Event] = []
+
+        async def callback(event: Event) -> None:
+            got.append(event)
+
+        await pubsub.subscribe(topic, callback, group="g")
+        first = await pubsub.publish(topic, Event(type="t", data=1, id="signal-1"))
+        again = await pubsub.publish(topic, Event(type="t", data=1, id="signal-1"))
+        other = await pubsub.publish(topic, Event(type="t", data=2, id="signal-2"))
+        assert again.id == first.id == "signal-1" and again.created_at == first.created_at
+        await eventually(lambda: len(got) >= 2)
+        await asyncio.sleep(0.3)
+        assert [e.id for e in got] == ["signal-1", other.id]
+        await pubsub.unsubscribe(topic, callback)
+
+    @pytest.mark.asyncio
+    async def test_reclaim_hands_a_stuck_members_events_back_first(
+        self, pubsub: Any, topic: str
+    ) -> None:
+        # The API and the order. That a *killed* member's events come back at once
+        # is shown per backend, with a real process killed (tests/<backend>/).
+        _require(pubsub, Capability.RECLAIM)
+        stuck: list[Event] = []
+        got: list[Event] = []
+        release = asyncio.Event()
+
+        async def dead(event: Event) -> None:
+            stuck.append(event)
+            await release.wait()  # stands for a consumer that died holding it
+
+        async def successor(event: Event) -> None:
+            got.append(event)
+
+        assert await pubsub.reclaim(topic, "g") == 0  # no group yet: nothing to do
+        await pubsub.subscribe(topic, dead, group="g")
+        first = await pubsub.publish(topic, Event(type="t", data=0))
+        await eventually(lambda: len(stuck) == 1)
+        assert await pubsub.reclaim(topic, "g") == 1
+        release.set()  # the old delivery ends: it settles nothing any more
+        await pubsub.unsubscribe(topic, dead)
+        await pubsub.subscribe(topic, successor, group="g")
+        later = await pubsub.publish(topic, Event(type="t", data=1))
+        await eventually(lambda: len(got) >= 2, timeout=10)
+        await asyncio.sleep(0.3)
+        assert [e.id for e in got] == [first.id, later.id]
+        assert got[0].attempt >= 2
+        await pubsub.unsubscribe(topic, successor)
+
+    @pytest.mark.asyncio
+    async def test_backlog_lists_topics_with_unacknowledged_events(
+        self, pubsub: Any, topic: str
+    ) -> None:
+        _require(pubsub, Capability.BACKLOG)
+        waiting, drained, busy = f"{topic}/waiting", f"{topic}/drained", f"{topic}/busy"
+        handled: list[Event] = []
+        release = asyncio.Event()
+
+        async def handle(event: Event) -> None:
+            handled.append(event)
+
+        async def hold(event: Event) -> None:
+            await release.wait()
+
+        for name in (waiting, drained):
+            await pubsub.subscribe(name, handle, group="g")
+        await pubsub.unsubscribe(waiting, handle)  # the group stays
+        await pubsub.subscribe(busy, hold, group="g")
+        await pubsub.publish(waiting, Event(type="t"))
+        await pubsub.publish(drained, Event(type="t"))
+        await pubsub.publish(busy, Event(type="t"))
+        await eventually(lambda: len(handled) == 1)
+
+        async def listed() -> list[str]:
+            return sorted(await pubsub.backlog(f"{topic}/", "g"))
+
+        for _ in range(100):
+            if await listed() == [busy, waiting]:
+                break
+            await asyncio.sleep(0.05)
+        assert await listed() == [busy, waiting]
+        assert await pubsub.backlog(f"{topic}/", "other") == []
+        release.set()
+        await pubsub.unsubscribe(drained, handle)
+        await pubsub.unsubscribe(busy, hold)
 
     @pytest.mark.asyncio
     async def test_publish_sets_id_and_created_at(self, pubsub: Any, topic: str) -> None:

@@ -44,7 +44,7 @@ async def test_a_run_whose_renewals_hang_is_told_before_another_run_can_start() 
     async with MemoryPubSub() as memory:
         flaky = Flaky(memory)
         a = ThreadRuntime(memory, handler, lease_provider=flaky, ttl_ms=600, cancel_on_loss=False)
-        b = ThreadRuntime(memory, handler, ttl_ms=600, watch_interval=0.05)
+        b = ThreadRuntime(memory, handler, ttl_ms=600, sweep_interval=0.05)
         async with a, b:
             await a.send_signal("t", 1)
             await asyncio.wait_for(started.wait(), 5)

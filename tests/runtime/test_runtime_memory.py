@@ -306,8 +306,8 @@ async def test_signals_sent_around_the_idle_deadline_are_never_lost(backend: Mem
     # thread is idle, from the owning runtime and from another one.
     rec = Recorder()
     idle = 0.05
-    a = runtime(backend, rec, process_id="a", idle_timeout=idle, watch_interval=0.02)
-    b = runtime(backend, rec, process_id="b", idle_timeout=idle, watch_interval=0.02)
+    a = runtime(backend, rec, process_id="a", idle_timeout=idle, sweep_interval=0.02)
+    b = runtime(backend, rec, process_id="b", idle_timeout=idle, sweep_interval=0.02)
     sent = 0
     async with a, b:
         for i in range(40):
@@ -342,12 +342,15 @@ async def test_arguments_are_checked_before_anything_is_sent(backend: MemoryPubS
 @pytest.mark.asyncio
 async def test_keys_with_nul_and_long_keys_are_distinct_threads(backend: MemoryPubSub) -> None:
     rec = Recorder()
-    long_a, long_b = "x" * 1020 + "a", "x" * 1020 + "b"
+    # The lease key is "tenure.thread:" + the thread key, at most 1024 bytes.
+    long_a, long_b = "x" * 1009 + "a", "x" * 1009 + "b"
     async with runtime(backend, rec) as rt:
         for key in ["res\0t1", "res\0t2", long_a, long_b]:
             await rt.send_signal(key, key[-2:])
         await wait_until(lambda: len(rec.handled) == 4)
         assert rt.lease_key(long_a) != rt.lease_key(long_b)
+        with pytest.raises(InvalidArgument, match="at most 1010 bytes"):
+            await rt.send_signal("x" * 1011, "too long")
     assert sorted(t for t, _, _, _ in rec.handled) == sorted(["res\0t1", "res\0t2", long_a, long_b])
 
 
@@ -394,8 +397,8 @@ async def test_a_signal_sent_while_the_owner_releases_is_run_afterwards(
 ) -> None:
     rec = Recorder()
     leases = SlowRelease(backend)
-    a = runtime(backend, rec, process_id="a", lease_provider=leases, watch_interval=0.05)
-    b = runtime(backend, rec, process_id="b", lease_provider=leases, watch_interval=0.05)
+    a = runtime(backend, rec, process_id="a", lease_provider=leases, sweep_interval=0.05)
+    b = runtime(backend, rec, process_id="b", lease_provider=leases, sweep_interval=0.05)
     async with a, b:
         await a.send_signal("thread", 0)
         await asyncio.wait_for(leases.releasing.wait(), 5)

@@ -7,12 +7,15 @@ networked backends.
 
 from __future__ import annotations
 
+import abc
 import asyncio
+import itertools
 import logging
 import math
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,6 +28,11 @@ from ._core import EXTEND, REFUSE, LeaseCore, acquire_step, holds
 __all__ = ["MemoryPubSub"]
 
 logger = logging.getLogger("tenure.memory")
+
+# Event ids remembered per topic for de-duplicating retried publishes.
+_DEDUPE_IDS = 100_000
+# Callbacks of one member running at once.
+_IN_FLIGHT = 64
 
 
 # A lease is a list [deadline, owner, token, grant]: the lease operations are
@@ -51,18 +59,220 @@ def _granted(owner: str, token: int) -> AcquireResult:
 
 @dataclass(eq=False)
 class _Group:
-    """A queue of events and the workers that drain it.
+    """A group's queue of events, what its members are handling, and the members.
 
     A fan-out subscriber has a private group of one; a named group is shared by
-    its members, who compete for its events.
+    its members, who compete for its events, and outlives them (while the
+    backend lives), so events published while it has no member wait for the next.
     """
 
     name: str | None
-    queue: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    # Ready events, oldest first, with their publish sequence numbers.
+    queue: deque[tuple[int, Event]] = field(default_factory=deque)
+    # Taken by a member and not settled: event id -> (sequence, event, epoch).
+    inflight: dict[str, tuple[int, Event, int]] = field(default_factory=dict)
     workers: dict[Callback, asyncio.Task[None]] = field(default_factory=dict)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    # Bumped by reclaim(): a delivery of an older epoch settles nothing.
+    epoch: int = 0
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue and not self.inflight
+
+    def drained(self) -> bool:
+        """Nothing left for the members to do (or no member left to do it)."""
+        return self.idle or not self.workers
+
+    def put_back(self, seq: int, event: Event) -> None:
+        """Return an event to the queue in publish order (it goes before newer ones)."""
+        queue = self.queue
+        index = len(queue)
+        while index > 0 and queue[index - 1][0] > seq:
+            index -= 1
+        queue.insert(index, (seq, event))
 
 
-class MemoryPubSub(LeaseCore, PubSub):
+class _Events(abc.ABC):
+    """The event half of :class:`MemoryPubSub`."""
+
+    _topics: dict[str, dict[str | Callback, _Group]]
+    _recent: dict[str, OrderedDict[str, Event]]
+    _max_attempts: int
+    _seq: Iterator[int]
+
+    @abc.abstractmethod
+    def _check_open(self) -> None: ...
+
+    async def publish(self, topic: str, event: Event) -> Event:
+        check_name(topic, "topic")
+        given = isinstance(event, Event) and event.id is not None
+        event = prepare_event(event)
+        self._check_open()
+        assert event.id is not None
+        recent = self._recent.setdefault(topic, OrderedDict())
+        if given and event.id in recent:
+            return recent[event.id]  # a retried publish: stored once
+        recent[event.id] = event
+        if len(recent) > _DEDUPE_IDS:
+            recent.popitem(last=False)
+        seq = next(self._seq)
+        for target in self._topics.get(topic, {}).values():
+            target.queue.append((seq, event))
+            await self._notify(target)
+        return event
+
+    @staticmethod
+    async def _notify(target: _Group) -> None:
+        async with target.changed:
+            target.changed.notify_all()
+
+    async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
+        check_name(topic, "topic")
+        check_callback(callback)
+        check_group(group)
+        self._check_open()
+        groups = self._topics.setdefault(topic, {})
+        if any(callback in g.workers for g in groups.values()):
+            raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
+        slot: str | Callback = callback if group is None else group
+        target = groups.get(slot)
+        if target is None:
+            target = groups[slot] = _Group(group)
+        target.workers[callback] = asyncio.get_running_loop().create_task(
+            self._deliver(topic, target, callback), name=f"tenure-memory-{topic}"
+        )
+
+    async def unsubscribe(self, topic: str, callback: Callback) -> None:
+        check_name(topic, "topic")
+        self._check_open()
+        groups = self._topics.get(topic, {})
+        for slot, target in list(groups.items()):
+            task = target.workers.pop(callback, None)
+            if task is None:
+                continue
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if not target.workers and target.name is None:
+                del groups[slot]
+        if not groups:
+            self._topics.pop(topic, None)
+
+    async def flush(self) -> None:
+        self._check_open()
+        for groups in list(self._topics.values()):
+            for target in list(groups.values()):
+                if target.workers:
+                    async with target.changed:
+                        await target.changed.wait_for(target.drained)
+
+    async def reclaim(self, topic: str, group: str) -> int:
+        """Put every event of ``group`` that a member took but did not settle back, first.
+
+        The members that took them can no longer settle them: a raise or a
+        return from their callback changes nothing. Returns how many came back.
+        """
+        check_name(topic, "topic")
+        check_name(group, "group")
+        self._check_open()
+        target = self._topics.get(topic, {}).get(group)
+        if target is None or not target.inflight:
+            return 0
+        target.epoch += 1
+        taken = sorted(target.inflight.values(), key=lambda item: item[0])
+        target.inflight.clear()
+        for seq, event, _ in taken:
+            target.put_back(seq, replace(event, attempt=event.attempt + 1))
+        await self._notify(target)
+        return len(taken)
+
+    async def backlog(self, prefix: str, group: str) -> list[str]:
+        """The topics starting with ``prefix`` whose ``group`` has events not yet acknowledged."""
+        if not isinstance(prefix, str):
+            raise InvalidArgument(f"prefix must be a str, got {type(prefix).__name__}")
+        check_name(group, "group")
+        self._check_open()
+        return [
+            topic
+            for topic, groups in self._topics.items()
+            if topic.startswith(prefix) and group in groups and not groups[group].idle
+        ]
+
+    async def _deliver(self, topic: str, target: _Group, callback: Callback) -> None:
+        """A member's worker: starts its callbacks in queue order, at most
+        ``_IN_FLIGHT`` at once (a slow event does not hold up the next ones)."""
+        running: set[asyncio.Task[None]] = set()
+        room = asyncio.Semaphore(_IN_FLIGHT)
+        try:
+            while True:
+                await room.acquire()
+                async with target.changed:
+                    await target.changed.wait_for(lambda: bool(target.queue))
+                    seq, event = target.queue.popleft()
+                    assert event.id is not None
+                    epoch = target.epoch
+                    target.inflight[event.id] = (seq, event, epoch)
+                task = asyncio.get_running_loop().create_task(
+                    self._handle(topic, target, callback, seq, event, epoch)
+                )
+                running.add(task)
+                task.add_done_callback(running.discard)
+                task.add_done_callback(lambda _: room.release())
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _handle(
+        self, topic: str, target: _Group, callback: Callback, seq: int, event: Event, epoch: int
+    ) -> None:
+        try:
+            await callback(event)
+        except asyncio.CancelledError:
+            # Unsubscribed mid-delivery: hand the event to another member, not
+            # counting the delivery nobody finished.
+            if self._settle(target, event, epoch):
+                target.put_back(seq, event)
+                await asyncio.shield(self._notify(target))
+            raise
+        except Exception:
+            if not self._settle(target, event, epoch):
+                return
+            if event.attempt < self._max_attempts:
+                logger.warning(
+                    "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
+                    topic,
+                    event.id,
+                    event.attempt,
+                    self._max_attempts,
+                    exc_info=True,
+                )
+                target.put_back(seq, replace(event, attempt=event.attempt + 1))
+            else:
+                logger.error(
+                    "callback for topic %r raised on event %s %d times; dropping it",
+                    topic,
+                    event.id,
+                    event.attempt,
+                    exc_info=True,
+                )
+            await self._notify(target)
+        else:
+            if self._settle(target, event, epoch):
+                await self._notify(target)
+
+    @staticmethod
+    def _settle(target: _Group, event: Event, epoch: int) -> bool:
+        """Take ``event`` out of flight; ``False`` if a reclaim took it away meanwhile."""
+        assert event.id is not None
+        entry = target.inflight.get(event.id)
+        if entry is None or entry[2] != epoch:
+            return False
+        del target.inflight[event.id]
+        return True
+
+
+class MemoryPubSub(LeaseCore, _Events, PubSub):
     """Pub/sub and leases for one process (``memory://``).
 
     Leases: atomic because every operation runs to completion on the event loop
@@ -74,11 +284,15 @@ class MemoryPubSub(LeaseCore, PubSub):
     within about twice the live leases.
     A lease is lost only when its owner stops renewing it or the process exits.
 
-    Pub/sub: not durable. Events published while a topic has no subscriber are
-    dropped; events queued for a group are lost when its last member
-    unsubscribes or the backend closes. A raising callback gets the event again
-    (with ``attempt`` increased) up to ``max_attempts`` deliveries, then the
-    event is dropped and logged at ERROR.
+    Pub/sub: kept in this process only, never across a restart. Events
+    published while a topic has no group are dropped; a named group, once
+    created by its first member, keeps its events while it has no member
+    (until the backend is closed). Events are delivered in publish order; a
+    raising callback gets the event again before newer ones (with ``attempt``
+    increased) up to ``max_attempts`` deliveries, then the event is dropped
+    and logged at ERROR. A publish with an ``id`` among the topic's last
+    100,000 is not stored again (``DEDUPE``); ``reclaim`` and ``backlog``
+    serve a sole consumer elected by a lease (see :class:`tenure.Capability`).
     """
 
     capabilities = (
@@ -87,6 +301,9 @@ class MemoryPubSub(LeaseCore, PubSub):
         | Capability.RELEASE_WAKEUPS
         | Capability.ATOMIC_TRANSFER
         | Capability.EVENTS
+        | Capability.DEDUPE
+        | Capability.RECLAIM
+        | Capability.BACKLOG
     )
 
     def __init__(
@@ -100,6 +317,8 @@ class MemoryPubSub(LeaseCore, PubSub):
         self._sweep_at = 1024
         self._last_token = 0
         self._topics: dict[str, dict[str | Callback, _Group]] = {}
+        self._recent: dict[str, OrderedDict[str, Event]] = {}
+        self._seq = itertools.count()
         super().__init__()
 
     @classmethod
@@ -197,86 +416,6 @@ class MemoryPubSub(LeaseCore, PubSub):
                 lease[_DEADLINE] = deadline
             results.append(lease is not None)
         return results
-
-    # -- pub/sub -----------------------------------------------------------
-
-    async def publish(self, topic: str, event: Event) -> Event:
-        check_name(topic, "topic")
-        event = prepare_event(event)
-        self._check_open()
-        for group in self._topics.get(topic, {}).values():
-            group.queue.put_nowait(event)
-        return event
-
-    async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
-        check_name(topic, "topic")
-        check_callback(callback)
-        check_group(group)
-        self._check_open()
-        groups = self._topics.setdefault(topic, {})
-        if any(callback in g.workers for g in groups.values()):
-            raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
-        slot: str | Callback = callback if group is None else group
-        target = groups.get(slot)
-        if target is None:
-            target = groups[slot] = _Group(group)
-        target.workers[callback] = asyncio.get_running_loop().create_task(
-            self._deliver(topic, target, callback), name=f"tenure-memory-{topic}"
-        )
-
-    async def unsubscribe(self, topic: str, callback: Callback) -> None:
-        check_name(topic, "topic")
-        self._check_open()
-        groups = self._topics.get(topic, {})
-        for slot, target in list(groups.items()):
-            task = target.workers.pop(callback, None)
-            if task is None:
-                continue
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            if not target.workers:
-                del groups[slot]
-        if not groups:
-            self._topics.pop(topic, None)
-
-    async def flush(self) -> None:
-        self._check_open()
-        for groups in list(self._topics.values()):
-            for target in list(groups.values()):
-                if target.workers:
-                    await target.queue.join()
-
-    async def _deliver(self, topic: str, target: _Group, callback: Callback) -> None:
-        queue = target.queue
-        while True:
-            event = await queue.get()
-            try:
-                await callback(event)
-            except asyncio.CancelledError:
-                # Unsubscribed mid-delivery: hand the event to another member.
-                queue.put_nowait(event)
-                raise
-            except Exception:
-                if event.attempt < self._max_attempts:
-                    logger.warning(
-                        "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
-                        topic,
-                        event.id,
-                        event.attempt,
-                        self._max_attempts,
-                        exc_info=True,
-                    )
-                    queue.put_nowait(replace(event, attempt=event.attempt + 1))
-                else:
-                    logger.error(
-                        "callback for topic %r raised on event %s %d times; dropping it",
-                        topic,
-                        event.id,
-                        event.attempt,
-                        exc_info=True,
-                    )
-            finally:
-                queue.task_done()
 
     async def aclose(self) -> None:
         if self._closed:

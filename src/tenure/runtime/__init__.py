@@ -4,11 +4,12 @@ See :mod:`tenure.runtime._runtime` for the design and its guarantees.
 """
 
 from ._runtime import ThreadRun, ThreadRuntime
-from ._types import EventKind, Outcome, RuntimeEvent, SendResult, Signal
+from ._types import EventKind, Outcome, Policy, RuntimeEvent, SendResult, Signal
 
 __all__ = [
     "EventKind",
     "Outcome",
+    "Policy",
     "RuntimeEvent",
     "SendResult",
     "Signal",

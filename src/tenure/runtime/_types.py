@@ -6,12 +6,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["EventKind", "OnEvent", "Outcome", "RuntimeEvent", "SendResult", "Signal"]
+__all__ = [
+    "EventKind",
+    "OnEvent",
+    "Outcome",
+    "Policy",
+    "RuntimeEvent",
+    "SendResult",
+    "Signal",
+]
 
-Outcome = Literal["wake", "deliver"]
+Outcome = Literal["wake", "deliver", "rejected"]
+
+#: What a new signal does to a thread whose run is active (double-texting).
+Policy = Literal["enqueue", "interrupt", "reject"]
 
 EventKind = Literal[
-    "wake", "deliver", "signal", "handover", "release", "takeover", "lost", "run_end"
+    "wake",
+    "deliver",
+    "rejected",
+    "signal",
+    "handover",
+    "release",
+    "takeover",
+    "lost",
+    "interrupted",
+    "run_end",
 ]
 
 
@@ -41,6 +61,8 @@ class SendResult:
     run was already active (here or in another process): the signal was left
     in the thread's log for that run, whose id (as read from the lease owner)
     is ``run_id``. The signal is durable (on a durable backend) either way.
+    ``"rejected"`` (only with the ``reject`` policy): a run was active, and the
+    signal was not stored.
     """
 
     outcome: Outcome

@@ -1,0 +1,550 @@
+"""A thread's session in this process: its lease, its subscription and its runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from .._errors import LeaseLost, TenureError
+from .._pubsub import Event
+from .._renewer import Renewer
+from ._types import EventKind, Signal
+
+if TYPE_CHECKING:
+    from ._runtime import ThreadRuntime
+
+__all__ = ["CLOSE_MARKER", "GROUP", "SIGNAL_TYPE", "Session", "ThreadRun", "run_of", "session_of"]
+
+logger = logging.getLogger("tenure.runtime")
+
+SIGNAL_TYPE = "tenure.signal"
+CLOSE_MARKER = "tenure.runtime.close"
+GROUP = "tenure.runtime"
+
+
+class _Refused(TenureError):
+    """Raised from a subscription callback so the backend keeps the event for later."""
+
+
+# How a delivered signal is settled with the backend. "ack": handled, the callback
+# returns. "retry": the handler failed on it, the callback raises so the backend
+# delivers it again (a bounded number of times). "abandon": this session stops
+# (lease lost, runtime closing); the callback blocks until ``unsubscribe`` cancels
+# it, which leaves the event unacknowledged for the next owner without spending
+# one of its attempts (backends retry a raising callback at once and drop the
+# event after ``max_attempts``, so raising here could lose it).
+Settle = Literal["ack", "retry", "abandon"]
+# How a run ended, as the "run_end" event's detail says.
+RunEnd = Literal["ok", "failed", "lost", "interrupted"]
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    signal: Signal
+    done: asyncio.Future[Settle]
+
+
+def _settle(pending: _Pending, how: Settle) -> None:
+    if not pending.done.done():
+        pending.done.set_result(how)
+
+
+async def _block_until_cancelled() -> None:
+    await asyncio.get_running_loop().create_future()
+
+
+def session_of(owner: str | None) -> str | None:
+    """The session part of an owner name ``"<process>/<session>.<n>"``."""
+    if owner is None:
+        return None
+    return owner.rpartition(".")[0] or owner
+
+
+def run_of(owner: str | None) -> str | None:
+    return None if owner is None else owner.rpartition("/")[2]
+
+
+class ThreadRun:
+    """One run of the handler for one thread, holding the thread's lease.
+
+    ``token`` is the lease's fencing token for this run (``None`` on a backend
+    without tokens); hand it to stores that reject stale writers. ``lost`` is
+    set when the lease is lost; by default the handler is then cancelled.
+    """
+
+    __slots__ = (
+        "_current",
+        "_ended",
+        "_session",
+        "_taken",
+        "interrupted",
+        "process_id",
+        "run_id",
+        "thread_key",
+        "token",
+    )
+
+    def __init__(self, session: Session, run_id: str, token: int | None) -> None:
+        self._session = session
+        self.thread_key = session.thread_key
+        self.run_id = run_id
+        self.token = token
+        self.process_id = session.rt.process_id
+        self._current: _Pending | None = None
+        self._ended = False
+        self._taken = 0
+        #: Set when a newer signal interrupted this run (the ``interrupt`` policy).
+        self.interrupted = False
+
+    def __repr__(self) -> str:
+        return (
+            f"ThreadRun(thread_key={self.thread_key!r}, run_id={self.run_id!r}, token={self.token})"
+        )
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self._session.lost
+
+    def ensure_held(self) -> None:
+        """Raise :class:`~tenure.LeaseLost` unless this run's lease is held (call it before acting).
+
+        Like :meth:`tenure.HeldLease.ensure_held` (the same renewer decides): it
+        raises once the renew deadline has passed without a successful renewal,
+        judged on the clock here, so also right after the process was paused or
+        while a renew call hangs.
+        """
+        session = self._session
+        if not session.renewer.check() or session.lost.is_set():
+            raise LeaseLost(session.lease_key, session.owner, session.lost_reason or "lost")
+
+    def _ack_current(self) -> None:
+        if self._current is not None:
+            _settle(self._current, "ack")
+            self._current = None
+
+    async def signals(self) -> AsyncIterator[Signal]:
+        """The thread's signals, in order, until none arrives for ``idle_timeout``.
+
+        Taking the next signal acknowledges the previous one; the last one is
+        acknowledged when the handler returns normally. The iteration also ends
+        when the lease is lost.
+        """
+        session = self._session
+        while not self._ended:
+            self._ack_current()
+            pending = await session.next_signal()
+            if pending is None:
+                return
+            self._current = pending
+            self._taken += 1
+            session.rt.emit(
+                "signal",
+                self.thread_key,
+                run_id=self.run_id,
+                token=self.token,
+                signal_id=pending.signal.id,
+            )
+            yield pending.signal
+
+
+class Session:
+    """This process's tenure of one thread: the lease, the subscription and its runs."""
+
+    def __init__(
+        self,
+        rt: ThreadRuntime,
+        thread_key: str,
+        sid: str,
+        owner: str,
+        token: int | None,
+        sent_at: float,
+    ) -> None:
+        self.rt = rt
+        self.thread_key = thread_key
+        self.lease_key = self.topic = rt.names.name(thread_key)
+        self.sid = sid
+        self.owner = owner
+        self.run_id = run_of(owner) or owner
+        self.token = token
+        self.runs = 0
+        self.buffer: deque[_Pending] = deque()
+        self.inflight: dict[str, _Pending] = {}
+        self.arrived = asyncio.Event()
+        # The lease is kept by the same component as tenure.hold's: one view of
+        # when it counts as lost (per-call time limit, deadline from the send).
+        self.renewer = Renewer(
+            rt.provider,
+            self.lease_key,
+            owner,
+            rt.ttl_ms,
+            sent_at=sent_at,
+            every=rt.renew_every_ms / 1000,
+            deadline=rt.renew_deadline_ms / 1000,
+            on_lost=self._lose,
+        )
+        self.lost = self.renewer.lost
+        self.lost_reason = ""
+        self.marker_seq = 0
+        self.marker_seen = asyncio.Event()
+        self.closing = False
+        self.done = False
+        self.late_send = False
+        self.run_task: asyncio.Task[RunEnd] | None = None
+        self.run: ThreadRun | None = None
+        self.main_task: asyncio.Task[None] | None = None
+        self.subscribed = False
+        # The event still to emit when the first run starts (a watcher's "takeover").
+        self.announce: EventKind | None = None
+        self.previous: str | None = None
+
+    # -- the subscription callback ------------------------------------------
+
+    async def on_event(self, event: Event) -> None:
+        if event.type == CLOSE_MARKER:
+            data = event.data if isinstance(event.data, dict) else {}
+            if data.get("session") == self.sid and data.get("seq") == self.marker_seq:
+                self.marker_seen.set()
+            return
+        if event.type != SIGNAL_TYPE:
+            return
+        if self.done or self.lost.is_set():
+            await _block_until_cancelled()
+        data = event.data
+        signal = Signal(
+            id=event.id or "",
+            thread_key=data["thread"],
+            payload=data["payload"],
+            sent_at=event.created_at or 0.0,
+            attempt=event.attempt,
+        )
+        pending = self.inflight.get(signal.id)
+        if pending is None:
+            pending = _Pending(signal, asyncio.get_running_loop().create_future())
+            self.inflight[signal.id] = pending
+            if self.rt.policy == "interrupt":
+                self._interrupt_for(pending)
+            self.buffer.append(pending)
+            self.arrived.set()
+        # else: delivered again while we still hold it (a backend reclaiming an idle
+        # entry); settle it like the first copy, once that one is handled.
+        try:
+            how = await asyncio.shield(pending.done)
+        finally:
+            if pending.done.done() and self.inflight.get(signal.id) is pending:
+                del self.inflight[signal.id]
+        if how == "retry":
+            raise _Refused(
+                f"the handler of thread {self.thread_key!r} failed on signal {signal.id}"
+            )
+        if how == "abandon":
+            await _block_until_cancelled()
+
+    # -- what runs read -----------------------------------------------------
+
+    async def next_signal(self) -> _Pending | None:
+        deadline = time.monotonic() + self.rt.idle_timeout
+        while not self.buffer:
+            if self.lost.is_set():
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await self._wait_arrival(remaining):
+                return None
+        if self.lost.is_set():
+            return None
+        return self.buffer.popleft()
+
+    async def _wait_arrival(self, timeout: float) -> bool:
+        """Wait until a signal is buffered or the lease is lost; ``False`` on timeout."""
+        self.arrived.clear()
+        if self.buffer:
+            return True
+        waiters = [
+            asyncio.ensure_future(self.arrived.wait()),
+            asyncio.ensure_future(self.lost.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        return bool(self.buffer) or self.lost.is_set()
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def open(self) -> None:
+        """Subscribe; then, if the lease was taken as "opening", announce the session open.
+
+        On failure the lease is released and the error raised.
+        """
+        rt = self.rt
+        try:
+            # We hold the lease, so whoever read this thread's signals before us is
+            # gone or has lost it: what it took and never acknowledged comes back
+            # now, ahead of newer signals, not after a redelivery timeout.
+            reclaimed = await rt.log.reclaim(self.topic, GROUP)
+            if reclaimed:
+                logger.info(
+                    "session %s of %r took back %d unfinished signal(s) of a previous owner",
+                    self.sid,
+                    self.thread_key,
+                    reclaimed,
+                )
+            await rt.log.subscribe(self.topic, self.on_event, group=GROUP)
+            self.subscribed = True
+            if self.owner.endswith(".0"):
+                opened = f"{self.owner[:-2]}.1"
+                async with self.renewer.paused():
+                    sent = time.monotonic()
+                    if not self.renewer.check() or not await rt.provider.transfer_lease(
+                        self.lease_key, self.owner, opened, rt.ttl_ms
+                    ):
+                        raise LeaseLost(self.lease_key, self.owner, "expired while opening")
+                    self._moved(opened, sent)
+                    self.token = await rt.read_token(self.lease_key, opened)
+        except BaseException as exc:
+            self.done = True
+            with contextlib.suppress(TenureError):
+                if self.subscribed:
+                    await rt.log.unsubscribe(self.topic, self.on_event)
+                await self.renewer.stop(final=True)
+                await rt.provider.release_lease(self.lease_key, self.owner)
+            if self.subscribed and not self.lost.is_set():
+                # What the subscription read went back to the group, maybe after the
+                # next owner looked: count it as lost so a newer session is watched for.
+                self.lost_reason = f"failed while opening: {exc!r}"
+                self.lost.set()
+            rt.session_ended(self)
+            raise
+
+    def start(self) -> None:
+        self.renewer.start()
+        self.main_task = asyncio.get_running_loop().create_task(
+            self._main(), name=f"tenure-session-{self.sid}"
+        )
+
+    def _moved(self, owner: str, sent_at: float) -> None:
+        """The lease now belongs to ``owner`` (a transfer sent at ``sent_at`` succeeded)."""
+        self.owner = owner
+        self.run_id = run_of(owner) or owner
+        self.renewer.moved(owner, sent_at)
+
+    async def _main(self) -> None:
+        rt = self.rt
+        try:
+            if not self.buffer:
+                await self._wait_arrival(rt.idle_timeout)
+            while not self.lost.is_set():
+                if not self.buffer and await self._close_handshake():
+                    # Decided: from here on, late deliveries are left for the next owner.
+                    self.done = True
+                    break
+                if self.lost.is_set():
+                    break
+                if self.runs and not await self._handover():
+                    break
+                await self._run_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("session %s of thread %r failed", self.sid, self.thread_key)
+        finally:
+            await self._cleanup()
+
+    async def _close_handshake(self) -> bool:
+        """Publish a close marker and read up to it; ``True`` when nothing came before it."""
+        self.closing = True
+        self.late_send = False
+        self.marker_seq += 1
+        self.marker_seen.clear()
+        await self.rt.log.publish(
+            self.topic,
+            Event(type=CLOSE_MARKER, data={"session": self.sid, "seq": self.marker_seq}),
+        )
+        waiters = [
+            asyncio.ensure_future(self.marker_seen.wait()),
+            asyncio.ensure_future(self.arrived.wait()),
+            asyncio.ensure_future(self.lost.wait()),
+        ]
+        self.arrived.clear()
+        try:
+            if not self.buffer:
+                done, _ = await asyncio.wait(
+                    waiters, timeout=self.rt.marker_timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    logger.warning(
+                        "close marker of session %s on %r not read back within %.1f s; closing",
+                        self.sid,
+                        self.thread_key,
+                        self.rt.marker_timeout,
+                    )
+        finally:
+            for w in waiters:
+                w.cancel()
+        if self.buffer and not self.lost.is_set():
+            self.closing = False
+            return False
+        return True
+
+    def _interrupt_for(self, pending: _Pending) -> None:
+        """A new signal arrived under the ``interrupt`` policy: stop the active run for it.
+
+        The run is cancelled (``run.interrupted`` is set first); the signal it was
+        handling and the ones still waiting before the new one are acknowledged
+        unhandled, so the next run starts with the new signal.
+        """
+        run, task = self.run, self.run_task
+        if run is None or task is None or task.done() or run.interrupted:
+            return
+        run.interrupted = True
+        skipped = list(self.buffer)
+        self.buffer.clear()
+        for old in skipped:
+            _settle(old, "ack")
+        self.rt.emit(
+            "interrupted",
+            self.thread_key,
+            run_id=run.run_id,
+            token=run.token,
+            signal_id=pending.signal.id,
+            detail=f"{len(skipped)} waiting signal(s) skipped",
+        )
+        task.cancel(f"interrupted by signal {pending.signal.id}")
+
+    async def _run_once(self) -> None:
+        rt = self.rt
+        self.runs += 1
+        if self.announce is not None:
+            # A sweeper's session shows up only once it has something to run.
+            kind, previous, self.announce = self.announce, self.previous, None
+            rt.emit(kind, self.thread_key, run_id=self.run_id, token=self.token, detail=previous)
+        run = ThreadRun(self, self.run_id, self.token)
+        task = asyncio.get_running_loop().create_task(
+            self._call_handler(run), name=f"tenure-run-{self.run_id}"
+        )
+        self.run, self.run_task = run, task
+        end: RunEnd = "failed"
+        try:
+            end = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            if not self.lost.is_set():
+                raise
+            end = "lost"
+        finally:
+            self.run, self.run_task = None, None
+            run._ended = True
+            if run._current is not None:
+                how: Settle = "retry"
+                if self.lost.is_set() or end == "lost":
+                    how = "abandon"
+                elif end in ("ok", "interrupted"):
+                    how = "ack"
+                _settle(run._current, how)
+                run._current = None
+            elif not run._taken and self.buffer and not self.lost.is_set() and end != "interrupted":
+                # A handler that returns without reading would be run again and again
+                # for the same signal: count it as a failed delivery instead, so the
+                # backend's attempt limit ends the loop.
+                logger.warning(
+                    "run %s of thread %r returned without reading its signals",
+                    run.run_id,
+                    self.thread_key,
+                )
+                _settle(self.buffer.popleft(), "retry")
+            rt.emit("run_end", self.thread_key, run_id=run.run_id, token=run.token, detail=end)
+
+    async def _call_handler(self, run: ThreadRun) -> RunEnd:
+        try:
+            await self.rt.handler(run)
+        except asyncio.CancelledError:
+            if self.lost.is_set():
+                return "lost"
+            if run.interrupted:
+                return "interrupted"
+            raise
+        except Exception:
+            logger.exception("handler of run %s (thread %r) raised", run.run_id, run.thread_key)
+            return "failed"
+        return "ok"
+
+    async def _handover(self) -> bool:
+        rt = self.rt
+        previous = self.run_id
+        run_id = f"{self.sid}.{self.runs + 1}"
+        new_owner = f"{rt.process_id}/{run_id}"
+        async with self.renewer.paused():
+            if not self.renewer.check():
+                return False
+            sent = time.monotonic()
+            try:
+                ok = await rt.provider.transfer_lease(
+                    self.lease_key, self.owner, new_owner, rt.ttl_ms
+                )
+            except TenureError as exc:
+                # The outcome is unknown: the transfer may have been applied.
+                logger.warning("transfer of %r failed: %s", self.lease_key, exc)
+                ok = False
+            if not ok:
+                try:
+                    ok = await rt.provider.get_lease_owner(self.lease_key) == new_owner
+                except TenureError:
+                    ok = False
+            if not ok:
+                self.renewer.lose("the lease was no longer held at hand-over")
+                return False
+            self._moved(new_owner, sent)
+            self.token = await rt.read_token(self.lease_key, new_owner)
+        rt.emit("handover", self.thread_key, run_id=run_id, token=self.token, detail=previous)
+        return True
+
+    def _lose(self, reason: str) -> None:
+        """The renewer declared the lease lost: tell the run and stop it."""
+        self.lost_reason = reason
+        logger.warning(
+            "run %s of thread %r lost its lease: %s", self.run_id, self.thread_key, reason
+        )
+        self.rt.emit("lost", self.thread_key, run_id=self.run_id, token=self.token, detail=reason)
+        task = self.run_task
+        if self.rt.cancel_on_loss and task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    async def _cleanup(self) -> None:
+        rt = self.rt
+        self.done = True
+        while self.buffer:
+            _settle(self.buffer.popleft(), "abandon")
+        for pending in list(self.inflight.values()):
+            _settle(pending, "abandon")
+        if self.subscribed:
+            # The backend hands the signals this session had not acknowledged back to
+            # the group here; the lease is still held (and renewed) meanwhile, so the
+            # next session, which subscribes after our release, finds them at once.
+            await rt.unsubscribe(self.topic, self.on_event, self.thread_key)
+        # Renewals went on while unsubscribing: unfinished signals must be back in
+        # the group before anyone else can own the thread.
+        lost = self.lost.is_set()
+        await self.renewer.stop(final=True)
+        released = False
+        try:
+            await rt.provider.release_lease(self.lease_key, self.owner)
+            released = not lost
+        except TenureError as exc:
+            logger.warning("releasing %r failed: %s", self.lease_key, exc)
+        if released and self.announce is None:
+            rt.emit("release", self.thread_key, run_id=self.run_id, token=self.token)
+        rt.session_ended(self)
+
+    async def stop(self) -> None:
+        task = self.main_task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

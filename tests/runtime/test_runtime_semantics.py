@@ -1,0 +1,159 @@
+"""Names, idempotent sends and double-texting policies, in one process (memory backend).
+
+The cross-process versions run in ``test_runtime_processes.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tenure import InvalidArgument, MemoryPubSub, ThreadRun, ThreadRuntime
+from tenure.runtime._names import ThreadNames
+from tenure.testing import eventually
+
+names_text = st.text(min_size=1, max_size=40)
+
+
+@given(names_text, names_text, names_text, names_text)
+def test_names_are_injective_and_read_back(ns_a: str, key_a: str, ns_b: str, key_b: str) -> None:
+    try:
+        a, b = ThreadNames(ns_a), ThreadNames(ns_b)
+        name_a, name_b = a.name(key_a), b.name(key_b)
+    except InvalidArgument:
+        return  # a lone surrogate: refused before anything is named
+    assert (name_a == name_b) == ((ns_a, key_a) == (ns_b, key_b))
+    assert a.thread_of(name_a) == key_a
+    if ns_a != ns_b:
+        assert b.thread_of(name_a) is None
+
+
+def test_the_reported_collision_is_gone() -> None:
+    assert ThreadNames("app").name("v2:42") != ThreadNames("app:v2").name("42")
+
+
+@pytest.mark.asyncio
+async def test_namespaces_never_see_each_others_signals() -> None:
+    got: dict[str, list[Any]] = {"app": [], "app:v2": []}
+
+    def handler(namespace: str) -> Any:
+        async def handle(run: ThreadRun) -> None:
+            async for signal in run.signals():
+                got[namespace].append((signal.thread_key, signal.payload))
+
+        return handle
+
+    async with MemoryPubSub() as memory:
+        a = ThreadRuntime(memory, handler("app"), namespace="app", idle_timeout=0.05)
+        b = ThreadRuntime(memory, handler("app:v2"), namespace="app:v2", idle_timeout=0.05)
+        async with a, b:
+            await a.send_signal("v2:42", "for app")
+            await b.send_signal("42", "for app:v2")
+            await eventually(lambda: len(got["app"]) == 1 and len(got["app:v2"]) == 1)
+            await asyncio.sleep(0.2)
+    assert got == {"app": [("v2:42", "for app")], "app:v2": [("42", "for app:v2")]}
+
+
+@pytest.mark.asyncio
+async def test_a_retried_send_with_the_same_id_is_handled_once() -> None:
+    handled: list[tuple[str, Any]] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append((signal.id, signal.payload))  # noqa: PERF401 - as each is handled
+
+    async with (
+        MemoryPubSub() as memory,
+        ThreadRuntime(memory, handler, idle_timeout=0.05) as rt,
+    ):
+        first = await rt.send_signal("t", "hello", signal_id="msg-1")
+        again = await rt.send_signal("t", "hello", signal_id="msg-1")
+        await rt.send_signal("t", "next", signal_id="msg-2")
+        assert first.signal_id == again.signal_id == "msg-1"
+        await eventually(lambda: len(handled) >= 2)
+        await asyncio.sleep(0.2)
+    assert handled == [("msg-1", "hello"), ("msg-2", "next")]
+
+
+@pytest.mark.asyncio
+async def test_a_bad_signal_id_is_refused() -> None:
+    async def handler(run: ThreadRun) -> None:
+        pass
+
+    async with MemoryPubSub() as memory, ThreadRuntime(memory, handler) as rt:
+        with pytest.raises(InvalidArgument, match="signal_id"):
+            await rt.send_signal("t", 1, signal_id="")
+
+
+@pytest.mark.asyncio
+async def test_reject_answers_rejected_while_a_run_is_active_and_stores_nothing() -> None:
+    handled: list[Any] = []
+    busy = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append(signal.payload)
+            busy.set()
+            await finish.wait()
+
+    async with MemoryPubSub() as memory:
+        a = ThreadRuntime(memory, handler, policy="reject", idle_timeout=0.05)
+        b = ThreadRuntime(memory, handler, policy="reject", idle_timeout=0.05)
+        async with a, b:
+            assert (await a.send_signal("t", 1)).outcome == "wake"
+            await asyncio.wait_for(busy.wait(), 5)
+            here = await a.send_signal("t", 2)  # the run is in this process
+            there = await b.send_signal("t", 3)  # ... and seen from another one
+            assert (here.outcome, there.outcome) == ("rejected", "rejected")
+            finish.set()
+            await eventually(lambda: not a.owned_threads())
+            assert (await b.send_signal("t", 4)).outcome == "wake"
+            await eventually(lambda: handled == [1, 4])
+            await asyncio.sleep(0.2)
+    assert handled == [1, 4]
+
+
+@pytest.mark.asyncio
+async def test_interrupt_cancels_the_active_run_and_starts_one_with_the_new_signal() -> None:
+    seen: list[tuple[str, Any]] = []
+    interrupted: list[bool] = []
+    busy = asyncio.Event()
+
+    async def handler(run: ThreadRun) -> None:
+        try:
+            async for signal in run.signals():
+                seen.append((run.run_id, signal.payload))
+                if signal.payload == "slow":
+                    busy.set()
+                    await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            interrupted.append(run.interrupted)
+            raise
+
+    async with MemoryPubSub() as memory:
+        a = ThreadRuntime(memory, handler, policy="interrupt", idle_timeout=0.05)
+        b = ThreadRuntime(memory, handler, policy="interrupt", idle_timeout=0.05)
+        async with a, b:
+            await a.send_signal("t", "slow")
+            await asyncio.wait_for(busy.wait(), 5)
+            await b.send_signal("t", "queued-behind")  # from another process: still routed
+            await b.send_signal("t", "new")
+            await eventually(lambda: any(p == "new" for _, p in seen))
+            await asyncio.sleep(0.2)
+    assert interrupted == [True]
+    runs = [run for run, _ in seen]
+    assert seen[0][1] == "slow" and seen[-1][1] == "new"
+    assert runs[-1] != runs[0]  # the new signal started a new run
+
+
+def test_an_unknown_policy_is_refused() -> None:
+    async def handler(run: ThreadRun) -> None:
+        pass
+
+    with pytest.raises(InvalidArgument, match="policy"):
+        ThreadRuntime(MemoryPubSub(), handler, policy="drop")  # type: ignore[arg-type]
