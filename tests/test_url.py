@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tenure import ConfigurationError, MemoryPubSub, default_url, from_url
-from tenure._url import redact_url
+from tenure._url import redact, redact_url
 
 
 @pytest.mark.asyncio
@@ -90,7 +90,31 @@ def test_default_url_is_a_sqlite_file_in_the_data_dir(
         ),
         ("redis://host:6379", "redis://host:6379"),
         ("postgresql://u:pw@[::1]:5432/x", "postgresql://u:***@[::1]:5432/x"),
+        ("redis://h/0?password=s3cret&db=1", "redis://h/0?password=***&db=1"),
+        ("rediss://h/0?ssl_password=s3cret", "rediss://h/0?ssl_password=***"),
+        (
+            "postgresql://h/x?sslpassword=s3cret&sslmode=require",
+            "postgresql://h/x?sslpassword=***&sslmode=require",
+        ),
+        ("redis://:s3cret@[::1:6379/0", "<unparseable redis:// URL>"),
     ],
 )
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "host=db password=s3cret user=u",
+        "host=db password='s3 cret' user=u",
+        "connection failed: password=s3cret",
+        "sslpassword=s3cret host=db",
+    ],
+)
+def test_redact_hides_password_fields_of_dsns(text: str) -> None:
+    assert "s3cret" not in redact(text) and "s3 cret" not in redact(text)
+
+
+def test_redact_hides_given_secrets_in_every_written_form() -> None:
+    assert redact("failed for p@ss and p%40ss", ["p@ss"]) == "failed for *** and ***"

@@ -55,7 +55,7 @@ _SCHEMES: dict[str, _Scheme] = {
 
 # ``password=…`` in a URL query or a key=value DSN, quoted or not.
 _PASSWORD_FIELD = re.compile(
-    r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)",
+    r"(?i)(\b\w*password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)",
 )
 
 
