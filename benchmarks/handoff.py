@@ -167,6 +167,8 @@ async def run_backend(kind: str, handoffs: int, keys: int, results: dict[str, fl
     cleanup: Callable[[], Awaitable[None]] | None = None
     unique = uuid.uuid4().hex[:12]
     tmp = tempfile.TemporaryDirectory()
+    holder: tenure.Backend
+    waiter: tenure.Backend
     if kind == "memory":
         shared = tenure.MemoryPubSub()
         holder, waiter = shared, shared

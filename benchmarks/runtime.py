@@ -68,7 +68,7 @@ async def child(url: str) -> None:
     async def on_raw(event: Event) -> None:
         say(kind="raw", i=event.data["i"], recv=time.monotonic())
 
-    async with tenure.from_url(url) as backend:
+    async with tenure.events_of(tenure.from_url(url)) as backend:
         await backend.subscribe(TOPIC, on_raw, group="bench")
         # A long idle timeout keeps this process's run open for the whole benchmark.
         async with ThreadRuntime(backend, handler, idle_timeout=600, process_id="child") as rt:
@@ -140,7 +140,7 @@ async def bench(name: str, url: str, count: int, burst: int, gap: float) -> None
     try:
         await asyncio.wait_for(kid.ready.wait(), 30)
         async with (
-            tenure.from_url(url) as backend,
+            tenure.events_of(tenure.from_url(url)) as backend,
             ThreadRuntime(backend, _never_runs, idle_timeout=600, process_id="parent") as rt,
         ):
             # Warm both paths (connections, scripts, prepared statements).

@@ -153,7 +153,10 @@ class Backend(LeaseProvider, Protocol):
     (backends that declare ``Capability.EVENTS``).
     """
 
-    capabilities: Capability
+    @property
+    def capabilities(self) -> Capability:
+        """What the backend declares it can do (a class attribute on tenure's backends)."""
+        ...
 
     async def get_lease(self, key: str) -> LeaseRecord | None:
         """The live lease of ``key`` in one atomic read, or ``None``."""

@@ -17,6 +17,7 @@ class TestMemoryLeasesRealTime(LeaseContract):
     @pytest_asyncio.fixture
     async def lease_provider(self) -> AsyncIterator[MemoryPubSub]:
         async with from_url("memory://") as backend:
+            assert isinstance(backend, MemoryPubSub)
             yield backend
 
 

@@ -39,9 +39,12 @@ async def test_three_slashes_is_relative_four_is_absolute(
     monkeypatch.chdir(tmp_path)
     relative = from_url("sqlite:///rel/dir/a.db")
     absolute = from_url(f"sqlite:///{tmp_path / 'abs' / 'b.db'}")
+    four = from_url(f"sqlite:////{str(tmp_path).lstrip('/')}/c.db")
+    assert isinstance(relative, SqlitePubSub) and isinstance(absolute, SqlitePubSub)
+    assert isinstance(four, SqlitePubSub)
     assert relative.path == "rel/dir/a.db"
     assert absolute.path == str(tmp_path / "abs" / "b.db")
-    assert from_url(f"sqlite:////{str(tmp_path).lstrip('/')}/c.db").path == str(tmp_path / "c.db")
+    assert four.path == str(tmp_path / "c.db")
     for backend in (relative, absolute):
         async with backend:
             assert (await backend.acquire_lease("k", "o", 1000)).acquired
@@ -109,6 +112,7 @@ async def test_tenure_url_overrides_the_default(
     target = tmp_path / "from-env" / "nested" / "t.db"
     monkeypatch.setenv("TENURE_URL", f"sqlite:///{target}")
     async with from_url() as backend:
+        assert isinstance(backend, SqlitePubSub)
         assert backend.path == str(target)
         await backend.publish("t", Event(type="x"))
     assert target.is_file()
