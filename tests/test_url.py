@@ -97,6 +97,8 @@ def test_default_url_is_a_sqlite_file_in_the_data_dir(
             "postgresql://h/x?sslpassword=***&sslmode=require",
         ),
         ("redis://:s3cret@[::1:6379/0", "<unparseable redis:// URL>"),
+        ("sqlite:////tmp/x/demo.db", "sqlite:////tmp/x/demo.db"),
+        ("sqlite:///rel.db?busy_timeout_ms=5", "sqlite:///rel.db?busy_timeout_ms=5"),
     ],
 )
 def test_redact_url(url: str, shown: str) -> None:

@@ -125,6 +125,11 @@ class Capability(enum.Flag):
     #: whose ``group`` has events not yet acknowledged (unread or in flight).
     BACKLOG = enum.auto()
 
+    #: Every lease extension: what each of tenure's own backends declares.
+    LEASES = RECORD | RENEW_MANY | RELEASE_WAKEUPS | ATOMIC_TRANSFER
+    #: What the thread runtime needs of a log shared by processes.
+    RUNTIME_LOG = EVENTS | DURABLE_GROUPS | DEDUPE | RECLAIM | BACKLOG
+
 
 def capabilities_of(backend: object) -> Capability:
     """The capabilities ``backend`` declares (``Capability.NONE`` when it declares none)."""

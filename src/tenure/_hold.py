@@ -214,32 +214,18 @@ class _State:
 
     def __init__(
         self,
-        provider: LeaseProvider,
-        key: str,
-        owner: str,
-        ttl_ms: int,
+        renewer: Renewer,
         token: int | None,
-        sent_at: float,
-        renew_every: float,
-        renew_deadline: float,
         on_lost: OnLost | None,
         cancel_on_loss: bool,
     ) -> None:
-        self.provider = provider
-        self.key = key
-        self.owner = owner
-        self.ttl_ms = ttl_ms
+        self.renewer = renewer
+        self.provider = renewer.provider
+        self.key = renewer.key
+        self.owner = renewer.owner
+        self.ttl_ms = renewer.ttl_ms
         self.token = token
-        self.renewer = Renewer(
-            provider,
-            key,
-            owner,
-            ttl_ms,
-            sent_at=sent_at,
-            every=renew_every,
-            deadline=renew_deadline,
-            on_lost=self._on_renewer_lost,
-        )
+        renewer.on_lost = self._on_renewer_lost
         self.on_lost = on_lost
         self.cancel_on_loss = cancel_on_loss
         self.closed = False  # released, transferred or abandoned: nothing more to do
@@ -510,18 +496,16 @@ class _Hold:
             result, sent = await _acquire_wait(
                 self._provider, self._key, self._owner, self._ttl_ms, self._wait
             )
-        state = _State(
+        renewer = Renewer(
             self._provider,
             self._key,
             self._owner,
             self._ttl_ms,
-            result.token,
-            sent,
-            self._every,
-            self._deadline,
-            self._on_lost,
-            self._cancel_on_loss,
+            sent_at=sent,
+            every=self._every,
+            deadline=self._deadline,
         )
+        state = _State(renewer, result.token, self._on_lost, self._cancel_on_loss)
         lease = HeldLease(state)
         state.lease_ref = weakref.ref(lease)
         state.renewer.start()

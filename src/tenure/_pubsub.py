@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from ._contract import Capability
 from ._errors import InvalidArgument
 from ._lifecycle import AsyncCloseable
 from ._validate import check_name
 
-__all__ = ["Callback", "Event", "PubSub", "check_callback", "check_group", "prepare_event"]
+__all__ = [
+    "Callback",
+    "Event",
+    "PubSub",
+    "check_callback",
+    "check_group",
+    "prepare_event",
+    "remove_member",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +92,31 @@ def prepare_event(event: Any) -> Event:
         created_at=event.created_at if event.created_at is not None else time.time(),
         attempt=1,
     )
+
+
+class _Members(Protocol):
+    workers: dict[Callback, asyncio.Task[None]]
+
+
+_K = TypeVar("_K")
+_G = TypeVar("_G", bound=_Members)
+
+
+async def remove_member(groups: dict[_K, _G], callback: Callback) -> list[tuple[_K, _G]]:
+    """Stop ``callback``'s delivery task in the group of a topic it belongs to.
+
+    Returns the groups it leaves without a member, for the backend to forget or keep.
+    """
+    emptied: list[tuple[_K, _G]] = []
+    for slot, target in list(groups.items()):
+        task = target.workers.pop(callback, None)
+        if task is None:
+            continue
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if not target.workers:
+            emptied.append((slot, target))
+    return emptied
 
 
 def check_callback(callback: Any) -> Callback:

@@ -69,7 +69,7 @@ class Renewer:
         self.lost = asyncio.Event()
         self.reason: str | None = None
         self.finished = False  # released or handed over: nothing is declared lost any more
-        self._on_lost = on_lost
+        self.on_lost = on_lost
         self._clock = clock
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -106,8 +106,8 @@ class Renewer:
         if task is not None and task is not asyncio.current_task():
             task.cancel()
         logger.warning("lease %r of %r lost: %s", self.key, self.owner, reason)
-        if self._on_lost is not None:
-            self._on_lost(reason)
+        if self.on_lost is not None:
+            self.on_lost(reason)
 
     def _deadline_reason(self, error: object) -> str:
         reason = (
@@ -199,7 +199,9 @@ class Renewer:
                 delay = min(delay * 2, self.every / 2)
                 continue
             if not ok:
-                self.lose("a renewal was refused: the backend reports the lease is no longer held by its owner")
+                self.lose(
+                    "a renewal was refused: the backend reports the lease is no longer held by its owner"
+                )
                 return False
             if self._clock() >= deadline:
                 self.lose(self._deadline_reason("the renewal succeeded only after it"))

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from ._contract import Backend
 from ._errors import ConfigurationError
@@ -75,21 +75,21 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
 def redact_url(url: str) -> str:
     """``url`` without secrets: the user-info password and ``password=`` query values.
 
-    A URL that cannot be parsed is not shown at all.
+    A URL without secrets comes back unchanged; one that cannot be parsed is
+    not shown at all.
     """
     try:
         parts = urlsplit(url)
         password = parts.password
-        netloc = parts.netloc
-        if password is not None:
-            user = parts.username or ""
-            host = netloc.rpartition("@")[2]
-            netloc = f"{user}:***@{host}"
-        query = _PASSWORD_FIELD.sub(lambda m: m.group(1) + "***", parts.query)
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:
         scheme = url.split("://", 1)[0] if "://" in url else ""
         return f"<unparseable {scheme}:// URL>" if scheme.isalnum() else "<unparseable URL>"
+    shown = url
+    if password is not None:
+        user_info, _, host = parts.netloc.rpartition("@")
+        user = user_info.partition(":")[0]
+        shown = shown.replace(f"//{parts.netloc}", f"//{user}:***@{host}", 1)
+    return _PASSWORD_FIELD.sub(lambda m: m.group(1) + "***", shown)
 
 
 # -- options -------------------------------------------------------------------

@@ -14,8 +14,6 @@ from ._errors import InvalidArgument
 __all__ = [
     "MAX_NAME_BYTES",
     "MAX_TTL_MS",
-    "check_key_owner",
-    "check_key_owner_ttl",
     "check_keys",
     "check_name",
     "check_timeout",
@@ -69,40 +67,6 @@ def check_timeout(value: Any, arg: str = "timeout") -> float:
     if not value >= 0 or value == float("inf"):
         raise InvalidArgument(f"{arg} must be a finite number of seconds >= 0, got {value}")
     return float(value)
-
-
-# Combined checks for the lease hot paths: one call instead of three, with the
-# common case (ASCII names, int TTL) decided inline. Failures defer to the
-# single-argument checks, so the messages are the same.
-
-
-def check_key_owner(key: Any, owner: Any, owner_arg: str = "owner") -> None:
-    if not (
-        type(key) is str
-        and key.isascii()
-        and 0 < len(key) <= MAX_NAME_BYTES
-        and type(owner) is str
-        and owner.isascii()
-        and 0 < len(owner) <= MAX_NAME_BYTES
-    ):
-        check_name(key, "key")
-        check_name(owner, owner_arg)
-
-
-def check_key_owner_ttl(key: Any, owner: Any, ttl_ms: Any) -> None:
-    if not (
-        type(key) is str
-        and key.isascii()
-        and 0 < len(key) <= MAX_NAME_BYTES
-        and type(owner) is str
-        and owner.isascii()
-        and 0 < len(owner) <= MAX_NAME_BYTES
-        and type(ttl_ms) is int
-        and 1 <= ttl_ms <= MAX_TTL_MS
-    ):
-        check_name(key, "key")
-        check_name(owner, "owner")
-        check_ttl(ttl_ms)
 
 
 def check_keys(keys: Any, arg: str = "keys") -> list[str]:

@@ -50,6 +50,18 @@ def holds(holder: object, deadline: float, owner: object, now: float) -> bool:
     return holder == owner and deadline > now
 
 
+def _plain(key: Any, owner: Any) -> bool:
+    """Both are short ASCII strs, so valid without a closer look (the fast path)."""
+    return (
+        type(key) is str
+        and key.isascii()
+        and 0 < len(key) <= MAX_NAME_BYTES
+        and type(owner) is str
+        and owner.isascii()
+        and 0 < len(owner) <= MAX_NAME_BYTES
+    )
+
+
 class LeaseCore(AsyncCloseable, abc.ABC):
     """Base of tenure's lease backends: checks, the closed state and waiting.
 
@@ -92,16 +104,7 @@ class LeaseCore(AsyncCloseable, abc.ABC):
     def _args(self, key: Any, owner: Any, ttl_ms: Any) -> int:
         """Checks of acquire and renew; returns the TTL."""
         # The common case decided inline: these run on every operation.
-        if not (
-            type(key) is str
-            and key.isascii()
-            and 0 < len(key) <= MAX_NAME_BYTES
-            and type(owner) is str
-            and owner.isascii()
-            and 0 < len(owner) <= MAX_NAME_BYTES
-            and type(ttl_ms) is int
-            and 1 <= ttl_ms <= self._max_ttl_ms
-        ):
+        if not (_plain(key, owner) and type(ttl_ms) is int and 1 <= ttl_ms <= self._max_ttl_ms):
             check_name(key, "key")
             check_name(owner, "owner")
             self._check_ttl(ttl_ms)
@@ -111,14 +114,7 @@ class LeaseCore(AsyncCloseable, abc.ABC):
 
     def _args_owner(self, key: Any, owner: Any) -> None:
         """Checks of release."""
-        if not (
-            type(key) is str
-            and key.isascii()
-            and 0 < len(key) <= MAX_NAME_BYTES
-            and type(owner) is str
-            and owner.isascii()
-            and 0 < len(owner) <= MAX_NAME_BYTES
-        ):
+        if not _plain(key, owner):
             check_name(key, "key")
             check_name(owner, "owner")
         if self._closed:

@@ -21,7 +21,15 @@ from typing import Any
 
 from .._contract import AcquireResult, Capability, LeaseRecord
 from .._errors import ConfigurationError, InvalidArgument
-from .._pubsub import Callback, Event, PubSub, check_callback, check_group, prepare_event
+from .._pubsub import (
+    Callback,
+    Event,
+    PubSub,
+    check_callback,
+    check_group,
+    prepare_event,
+    remove_member,
+)
 from .._validate import check_name
 from ._core import EXTEND, REFUSE, LeaseCore, acquire_step, holds
 
@@ -147,13 +155,8 @@ class _Events(abc.ABC):
         check_name(topic, "topic")
         self._check_open()
         groups = self._topics.get(topic, {})
-        for slot, target in list(groups.items()):
-            task = target.workers.pop(callback, None)
-            if task is None:
-                continue
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            if not target.workers and target.name is None:
+        for slot, target in await remove_member(groups, callback):
+            if target.name is None:  # a named group keeps its events for the next member
                 del groups[slot]
         if not groups:
             self._topics.pop(topic, None)
@@ -296,10 +299,7 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
     """
 
     capabilities = (
-        Capability.RECORD
-        | Capability.RENEW_MANY
-        | Capability.RELEASE_WAKEUPS
-        | Capability.ATOMIC_TRANSFER
+        Capability.LEASES
         | Capability.EVENTS
         | Capability.DEDUPE
         | Capability.RECLAIM

@@ -98,12 +98,12 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from types import TracebackType
 from typing import Any, Self, cast, get_args
 
 from .._contract import Backend, Capability, LeaseProvider, capabilities_of
 from .._detect import NoopLeaseProvider, is_lease_provider, lease_provider_for
 from .._errors import BackendClosed, ConfigurationError, InvalidArgument, TenureError
+from .._lifecycle import AsyncCloseable
 from .._pubsub import Event
 from .._validate import check_name, check_timeout, check_ttl
 from ._names import ThreadNames
@@ -136,7 +136,7 @@ def _local_log(backend: object) -> Any:
     return log
 
 
-class ThreadRuntime:
+class ThreadRuntime(AsyncCloseable):
     """Runs ``handler`` for each thread in exactly one process at a time.
 
     ``backend`` is what :func:`tenure.from_url` returns (it must declare
@@ -293,14 +293,6 @@ class ThreadRuntime:
     async def __aenter__(self) -> Self:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def start(self) -> None:
         """Start sweeping for threads with unfinished signals (``send_signal`` starts it too)."""

@@ -123,6 +123,16 @@ class ThreadRun:
         if not session.renewer.check() or session.lost.is_set():
             raise LeaseLost(session.lease_key, session.owner, session.lost_reason or "lost")
 
+    def emit(self, kind: EventKind, signal_id: str | None, detail: str | None = None) -> None:
+        self._session.rt.emit(
+            kind,
+            self.thread_key,
+            run_id=self.run_id,
+            token=self.token,
+            signal_id=signal_id,
+            detail=detail,
+        )
+
     def _ack_current(self) -> None:
         if self._current is not None:
             _settle(self._current, "ack")
@@ -143,13 +153,7 @@ class ThreadRun:
                 return
             self._current = pending
             self._taken += 1
-            session.rt.emit(
-                "signal",
-                self.thread_key,
-                run_id=self.run_id,
-                token=self.token,
-                signal_id=pending.signal.id,
-            )
+            self.emit("signal", pending.signal.id)
             yield pending.signal
 
 
@@ -407,14 +411,7 @@ class Session:
         self.buffer.clear()
         for old in skipped:
             _settle(old, "ack")
-        self.rt.emit(
-            "interrupted",
-            self.thread_key,
-            run_id=run.run_id,
-            token=run.token,
-            signal_id=pending.signal.id,
-            detail=f"{len(skipped)} waiting signal(s) skipped",
-        )
+        run.emit("interrupted", pending.signal.id, f"{len(skipped)} waiting signal(s) skipped")
         task.cancel(f"interrupted by signal {pending.signal.id}")
 
     async def _run_once(self) -> None:
