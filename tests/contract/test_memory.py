@@ -9,6 +9,9 @@ import pytest_asyncio
 
 from tenure import MemoryPubSub, from_url
 from tenure.testing import Advance, LeaseContract, ManualClock, PubSubContract
+from tests.support.targets import BackendTarget
+
+TARGET = BackendTarget("memory", isolated_url=lambda unique, tmp_path: "memory://")
 
 
 class TestMemoryLeasesRealTime(LeaseContract):

@@ -9,6 +9,7 @@ dropped at the end. The server must be reachable: these tests fail, never skip.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -17,6 +18,21 @@ from tenure import from_url
 from tenure.backends.postgres import PostgresLeaseProvider
 from tenure.testing import Advance, LeaseContract
 from tests.postgres.helpers import SqlClock, drop_schema, new_schema
+from tests.support.servers import POSTGRES_URL, drop_postgres_schema, require_tcp
+from tests.support.targets import BackendTarget
+
+
+def _isolated_url(unique: str, tmp_path: Path) -> str:
+    url = require_tcp(POSTGRES_URL, "PostgreSQL")
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}schema=tenure_test_{unique}"
+
+
+TARGET = BackendTarget(
+    "postgres",
+    isolated_url=_isolated_url,
+    cleanup=lambda unique: drop_postgres_schema(f"tenure_test_{unique}"),
+)
 
 
 @pytest.fixture(scope="class")

@@ -8,14 +8,28 @@ design. The quarantine itself is tested on private servers in ``tests/redis``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest_asyncio
 
 from tenure import from_url
 from tenure.backends.redis import RedisStreamsPubSub
 from tenure.testing import LeaseContract, PubSubContract
+from tests.support.servers import REDIS_URL, require_tcp
+from tests.support.targets import BackendTarget
 
 from ..redis.helpers import delete_prefix
+
+
+def _isolated_url(unique: str, tmp_path: Path) -> str:
+    # The shared server may have started moments ago (CI): its restart
+    # quarantine is tested on servers of the tests' own, not here.
+    url = require_tcp(REDIS_URL, "Redis")
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}prefix=tenure-test-{unique}:&quarantine=off"
+
+
+TARGET = BackendTarget("redis", isolated_url=_isolated_url)
 
 
 @pytest_asyncio.fixture

@@ -11,6 +11,11 @@ import pytest_asyncio
 from tenure import from_url
 from tenure.backends.sqlite import SqlitePubSub
 from tenure.testing import Advance, LeaseContract, ManualClock, PubSubContract
+from tests.support.targets import BackendTarget
+
+TARGET = BackendTarget(
+    "sqlite", isolated_url=lambda unique, tmp_path: f"sqlite:///{tmp_path / f'{unique}.db'}"
+)
 
 
 class TestSqliteLeasesRealTime(LeaseContract):
