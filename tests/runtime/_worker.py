@@ -1,6 +1,7 @@
 """A runtime process for the multi-process tests: ``python _worker.py URL PROCESS_ID [options]``.
 
 Reads JSON commands on stdin (``{"id": n, "op": "send", "thread": ..., "payload": ...}``,
+optionally with ``"signal_id"``,
 ``{"op": "quit"}``) and writes one JSON document per line on stdout, flushed at
 once, so the parent sees everything that happened before it kills the process:
 
@@ -41,6 +42,8 @@ async def main() -> None:
     parser.add_argument("--idle", type=float, default=0.3)
     parser.add_argument("--work-ms", type=float, default=0.0)
     parser.add_argument("--one-per-run", action="store_true")
+    parser.add_argument("--namespace", default="tenure.thread")
+    parser.add_argument("--policy", default="enqueue", choices=["enqueue", "interrupt", "reject"])
     parser.add_argument(
         "--slow-release-ms",
         type=float,
@@ -77,7 +80,7 @@ async def main() -> None:
                 if args.one_per_run:
                     break
         except asyncio.CancelledError:
-            detail = "cancelled"
+            detail = "interrupted" if run.interrupted else "cancelled"
             raise
         finally:
             say(
@@ -115,6 +118,7 @@ class SlowRelease:
     def __init__(self, inner: Any, pause: float) -> None:
         self.inner = inner
         self.pause = pause
+        self.capabilities = inner.capabilities
         self.acquire_lease = inner.acquire_lease
         self.get_lease_owner = inner.get_lease_owner
         self.get_lease = inner.get_lease
@@ -144,12 +148,16 @@ async def serve(
             idle_timeout=args.idle,
             process_id=args.process_id,
             on_event=on_event,
+            namespace=args.namespace,
+            policy=args.policy,
         ) as runtime,
     ):
         say(op="ready")
 
         async def send(cmd: dict[str, Any]) -> None:
-            result = await runtime.send_signal(cmd["thread"], cmd["payload"])
+            result = await runtime.send_signal(
+                cmd["thread"], cmd["payload"], signal_id=cmd.get("signal_id")
+            )
             say(
                 op="sent",
                 id=cmd["id"],

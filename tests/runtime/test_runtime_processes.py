@@ -3,10 +3,9 @@
 Each test starts worker processes (``_worker.py``) that share one backend and
 reports what they did as JSON lines stamped with ``time.monotonic()`` (one
 timeline for every process of the host). Processes are killed (SIGKILL) and
-paused (SIGSTOP/SIGCONT) for real. The backends' redelivery delay for a dead
-consumer (SQLite ``visibility_timeout``, Redis ``claim_idle_ms``) is set below
-the lease TTL, as the runtime's documentation asks, so a takeover can start
-with the dead owner's unfinished signals.
+paused (SIGSTOP/SIGCONT) for real. The backends run with their default
+settings: a takeover starts with a dead owner's unfinished signals because the
+new owner reclaims them, not because a redelivery timeout was shortened.
 """
 
 from __future__ import annotations
@@ -67,11 +66,11 @@ class Worker:
                     raise AssertionError(f"{self.name} exited: {self.lines[-5:]}")
                 await self.changed.wait()
 
-    async def send(self, thread: str, payload: Any) -> Doc:
+    async def send(self, thread: str, payload: Any, signal_id: str | None = None) -> Doc:
         self._ids += 1
         n = self._ids
         assert self.proc.stdin is not None
-        cmd = {"op": "send", "id": n, "thread": thread, "payload": payload}
+        cmd = {"op": "send", "id": n, "thread": thread, "payload": payload, "signal_id": signal_id}
         self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
         await self.proc.stdin.drain()
         await self.wait(lambda: bool(self.of("sent", id=n)))
@@ -144,11 +143,8 @@ def _drop_redis_prefix(prefix: str) -> None:
 @pytest.fixture(params=["sqlite", "redis"])
 def url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
     kind: str = request.param
-    base = isolated_url(kind, unique=unique, tmp_path=tmp_path)
-    if kind == "sqlite":
-        yield f"{base}?visibility_timeout=1"
-    else:
-        yield f"{base}&claim_idle_ms=1000"
+    yield isolated_url(kind, unique=unique, tmp_path=tmp_path)
+    if kind == "redis":
         _drop_redis_prefix(f"tenure-test-{unique}:")
 
 
@@ -323,3 +319,113 @@ async def test_a_signal_routed_to_an_owner_that_is_releasing_still_gets_a_run(
     await b.wait(lambda: bool(b.of("done", sid=late["signal_id"])), timeout=30)
     assert not a.of("take", sid=late["signal_id"])
     assert b.of("event", kind="takeover")
+
+
+# -- the reproductions of issue 11, with default settings ---------------------------
+
+BOUND = (TTL_MS + RENEW_MS) / 1000  # TTL + renew interval (the sweep runs at least as often)
+SLACK = 3.0  # a loaded 2-core machine
+
+
+@pytest.mark.asyncio
+async def test_a_killed_owners_signal_runs_when_nobody_sends_again(spawn: Spawner) -> None:
+    a = await spawn("a", "--idle", "0.5")
+    b = await spawn("b", "--idle", "0.5")  # idle: it never hears of the thread
+    stuck = await a.send("thread", {"block": True})
+    await a.wait(lambda: bool(a.of("take", sid=stuck["signal_id"])))
+    a.kill()
+    killed_at = time.monotonic()
+    await b.wait(lambda: bool(b.of("done", sid=stuck["signal_id"])), timeout=30)
+    started = b.of("run_start", thread="thread")[0]["t"]
+    assert started - killed_at <= BOUND + SLACK, started - killed_at
+    assert b.of("take", sid=stuck["signal_id"])[0]["attempt"] >= 2
+
+
+@pytest.mark.asyncio
+async def test_a_signal_whose_sender_dies_right_after_sending_runs(spawn: Spawner) -> None:
+    owner = await spawn("owner", "--idle", "0.5")
+    sender = await spawn("sender", "--idle", "0.5")
+    idle = await spawn("idle", "--idle", "0.5")
+    busy = await owner.send("thread", {"block": True})
+    await owner.wait(lambda: bool(owner.of("take", sid=busy["signal_id"])))
+    routed = await sender.send("thread", "from a sender about to die")
+    assert routed["outcome"] == "deliver"
+    sender.kill()
+    owner.kill()
+    killed_at = time.monotonic()
+    await idle.wait(lambda: bool(idle.of("done", sid=routed["signal_id"])), timeout=30)
+    takes = [d["sid"] for d in idle.of("take", thread="thread")]
+    assert takes[:2] == [busy["signal_id"], routed["signal_id"]]  # order kept
+    assert idle.of("run_start")[0]["t"] - killed_at <= BOUND + SLACK
+
+
+@pytest.mark.asyncio
+async def test_a_woken_sender_killed_before_its_run_reads_the_signal(spawn: Spawner) -> None:
+    sender = await spawn("sender", "--idle", "0.5", "--work-ms", "100000")
+    idle = await spawn("idle", "--idle", "0.5")
+    first = await sender.send("thread", "held by the sender's own run")
+    assert first["outcome"] == "wake"
+    second = await sender.send("thread", "behind it")
+    sender.kill()
+    await idle.wait(lambda: bool(idle.of("done", sid=second["signal_id"])), timeout=30)
+    takes = [d["sid"] for d in idle.of("take", thread="thread")]
+    assert takes[:2] == [first["signal_id"], second["signal_id"]]
+
+
+@pytest.mark.asyncio
+async def test_colliding_namespaces_stay_apart_across_processes(spawn: Spawner) -> None:
+    app = await spawn("app", "--idle", "0.3", "--namespace", "app")
+    v2 = await spawn("v2", "--idle", "0.3", "--namespace", "app:v2")
+    to_app = await v2.send("v2:42", "for app")  # v2's runtime sends in its own namespace
+    to_v2 = await app.send("42", "for app:v2")
+    await v2.wait(lambda: bool(v2.of("done", sid=to_app["signal_id"])))
+    await app.wait(lambda: bool(app.of("done", sid=to_v2["signal_id"])))
+    await asyncio.sleep(0.5)
+    assert [d["thread"] for d in app.of("take")] == ["42"]
+    assert [d["thread"] for d in v2.of("take")] == ["v2:42"]
+
+
+@pytest.mark.asyncio
+async def test_a_retried_send_with_one_id_runs_once_across_processes(spawn: Spawner) -> None:
+    a = await spawn("a", "--idle", "0.3")
+    b = await spawn("b", "--idle", "0.3")
+    first = await a.send("thread", "hello", signal_id="message-1")
+    again = await b.send("thread", "hello", signal_id="message-1")  # a retry from elsewhere
+    assert first["signal_id"] == again["signal_id"] == "message-1"
+    after = await b.send("thread", "next")
+    await eventually(
+        lambda: any(d["sid"] == after["signal_id"] for w in (a, b) for d in w.of("done")),
+        timeout=30,
+    )
+    await asyncio.sleep(0.5)
+    done = [d["sid"] for w in (a, b) for d in w.of("done")]
+    assert sorted(done) == sorted(["message-1", after["signal_id"]])
+
+
+@pytest.mark.asyncio
+async def test_reject_across_processes(spawn: Spawner) -> None:
+    a = await spawn("a", "--idle", "0.3", "--policy", "reject")
+    b = await spawn("b", "--idle", "0.3", "--policy", "reject")
+    busy = await a.send("thread", {"block": True})
+    assert busy["outcome"] == "wake"
+    await a.wait(lambda: bool(a.of("take", sid=busy["signal_id"])))
+    refused = await b.send("thread", "while busy")
+    assert refused["outcome"] == "rejected"
+    await asyncio.sleep(0.5)
+    assert not [d for w in (a, b) for d in w.of("take") if d["sid"] == refused["signal_id"]]
+
+
+@pytest.mark.asyncio
+async def test_interrupt_across_processes(spawn: Spawner) -> None:
+    a = await spawn("a", "--idle", "0.3", "--policy", "interrupt")
+    b = await spawn("b", "--idle", "0.3", "--policy", "interrupt")
+    busy = await a.send("thread", {"block": True})
+    await a.wait(lambda: bool(a.of("take", sid=busy["signal_id"])))
+    new = await b.send("thread", "stop that, do this")
+    assert new["outcome"] == "deliver"
+    await a.wait(lambda: bool(a.of("done", sid=new["signal_id"])), timeout=30)
+    ends = a.of("run_end", thread="thread")
+    assert ends[0]["detail"] == "interrupted"
+    assert a.of("event", kind="interrupted")
+    # The blocked signal was interrupted, not run again.
+    assert len(a.of("take", sid=busy["signal_id"])) == 1
