@@ -400,16 +400,12 @@ def test_plan_is_reproducible_and_reaches_every_thread_from_every_worker() -> No
     }
 
 
-def test_demo_url_adds_only_what_the_user_did_not_set(tmp_path: Path) -> None:
-    assert demo_url(None, tmp_path, 2000, "tag") == (
-        f"sqlite:///{tmp_path / 'demo.db'}?visibility_timeout=2"
-    )
-    assert demo_url("sqlite:////x/y.db?visibility_timeout=9", tmp_path, 2000, "tag") == (
-        "sqlite:////x/y.db?visibility_timeout=9"
-    )
-    url = demo_url("redis://127.0.0.1:6379/0?prefix=mine:", tmp_path, 1500, "tag")
-    assert url == "redis://127.0.0.1:6379/0?prefix=mine:&claim_idle_ms=1500"
-    assert "prefix=tag:" in demo_url("redis://h/0", tmp_path, 1500, "tag")
+def test_demo_url_keeps_backend_defaults_and_adds_only_a_redis_prefix(tmp_path: Path) -> None:
+    assert demo_url(None, tmp_path, "tag") == f"sqlite:///{tmp_path / 'demo.db'}"
+    assert demo_url("sqlite:////x/y.db", tmp_path, "tag") == "sqlite:////x/y.db"
+    url = demo_url("redis://127.0.0.1:6379/0?prefix=mine:", tmp_path, "tag")
+    assert url == "redis://127.0.0.1:6379/0?prefix=mine:"
+    assert demo_url("redis://h/0", tmp_path, "tag") == "redis://h/0?prefix=tag:"
 
 
 def test_live_view_shows_owners_kills_and_takeovers() -> None:

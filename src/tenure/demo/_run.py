@@ -80,22 +80,19 @@ def _with_query(url: str, extra: dict[str, str]) -> str:
     return f"{url}{'&' if '?' in url else '?'}{added}"
 
 
-def demo_url(url: str | None, directory: Path, ttl_ms: int, tag: str) -> str:
-    """The URL the workers use, with demo-friendly options the user did not set.
+def demo_url(url: str | None, directory: Path, tag: str) -> str:
+    """The URL the workers use: a fresh SQLite file by default.
 
-    A dead consumer's unacknowledged signals come back after the backend's
-    visibility/claim timeout (30 s by default): the demo shortens it to the
-    lease TTL so the takeover also gets them quickly. On Redis it adds a key
-    prefix of its own so runs never see each other's keys.
+    The backend keeps its default settings (a takeover gets the dead owner's
+    unfinished signals because the new owner reclaims them). On Redis the demo
+    adds a key prefix of its own, unless the user set one, so runs never see
+    each other's keys.
     """
-    ttl_s = f"{ttl_ms / 1000:g}"
     if url is None:
-        return f"sqlite:///{directory / 'demo.db'}?visibility_timeout={ttl_s}"
+        return f"sqlite:///{directory / 'demo.db'}"
     scheme = url.split("://", 1)[0].lower()
-    if scheme == "sqlite":
-        return _with_query(url, {"visibility_timeout": ttl_s})
     if scheme in ("redis", "rediss"):
-        return _with_query(url, {"prefix": f"{tag}:", "claim_idle_ms": str(ttl_ms)})
+        return _with_query(url, {"prefix": f"{tag}:"})
     return url
 
 
@@ -121,7 +118,7 @@ class _Coordinator:
         self.seed = settings.seed if settings.seed is not None else secrets.randbelow(10**6)
         self.rng = random.Random(f"coordinator:{self.seed}")
         self.tag = f"tenure-demo-{secrets.token_hex(4)}"
-        self.url = demo_url(settings.url, directory, settings.ttl_ms, self.tag)
+        self.url = demo_url(settings.url, directory, self.tag)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.offsets: dict[Path, int] = {}
         self.state = DemoState(planned=settings.signals)
