@@ -224,14 +224,6 @@ class PostgresLeaseProvider(LeaseCore):
     def table(self) -> str:
         return self._conn.table
 
-    # safety/mutants.py subclasses the provider to run broken statements of its own.
-    @property
-    def _pool(self) -> AsyncConnectionPool[Any]:
-        return self._conn.pool
-
-    async def _prepare(self, op: str) -> None:
-        await self._conn.prepare(op)
-
     # -- the lease methods ---------------------------------------------------------
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
