@@ -114,6 +114,8 @@ class Proxy:
                 conn.tainted = True
                 while await client_r.read(65536):
                     pass
+                # The client closed it: close our end too (else it lingers half-open).
+                conn.kill()
                 return
             try:
                 server_r, server_w = await asyncio.open_connection(*self.target)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -73,6 +74,33 @@ async def test_blackhole_delivers_nothing(echo: tuple[Echo, Proxy]) -> None:
     with pytest.raises(TimeoutError):
         await roundtrip(proxy, b"into-the-void", timeout=0.3)
     assert b"into-the-void" not in server.received
+    proxy.set_mode("pass")
+    assert await roundtrip(proxy, b"healed") == b"healed"
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.asyncio
+async def test_blackholed_connection_closed_by_the_client_is_closed_by_the_proxy(
+    echo: tuple[Echo, Proxy],
+) -> None:
+    # Both ends live in this process: a proxy end left open shows as a file descriptor.
+    _, proxy = echo
+    proxy.set_mode("blackhole")
+    before = _open_fds()
+    for _ in range(20):
+        _, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+        w.write(b"swallowed")
+        await w.drain()
+        w.close()
+        await w.wait_closed()
+    for _ in range(100):
+        if _open_fds() <= before:
+            break
+        await asyncio.sleep(0.02)
+    assert _open_fds() <= before, "the proxy kept its ends of closed blackholed connections"
     proxy.set_mode("pass")
     assert await roundtrip(proxy, b"healed") == b"healed"
 
