@@ -5,6 +5,8 @@
 - ``controls``: every negative control (mutant) on the backend; exit 1 if one is
   not caught.
 - ``soak``: a long ``run`` (any duration); prints the figure line for SAFETY.md.
+- ``threads``: the thread runtime's harness (a run with faults, ``--controls``,
+  or a soak with a long ``--duration``; see :mod:`safety.threads`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import time
 
 from .mutants import mutants_for
 from .runner import RunConfig, RunResult, run
+from .threads.cli import add_parser as add_threads_parser
+from .threads.cli import cmd_threads
 
 BACKENDS = ["memory", "sqlite", "redis", "redis-aof", "postgres"]
 
@@ -104,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         if name == "controls":
             p.add_argument("--only", nargs="*", help="run only these mutants")
             p.add_argument("-v", "--verbose", action="store_true")
+    add_threads_parser(sub)
     ns = parser.parse_args(argv)
+    if ns.cmd == "threads":
+        return cmd_threads(ns)
     if ns.cmd == "controls":
         return cmd_controls(ns)
     return cmd_run(ns)

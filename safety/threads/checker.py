@@ -1,0 +1,275 @@
+"""Checkers of a thread run's evidence: pure functions, any history size (O(n log n)).
+
+Violations (each must be 0 for the real runtime):
+
+- **lost**: a signal whose ``send_signal`` returned (it is in the stored log)
+  has no sink write at all.
+- **overlap**: per thread (namespace, thread key of the handling run), a write
+  whose token is lower than a token already written for that thread: a run
+  acted after a newer run of the same thread had acted. Also a token written by
+  two different runs (decided by :func:`tenure._history.token_clashes`).
+- **order**: per (sender, namespace, thread), the first write of each signal
+  comes in the sender's sequence order.
+- **misrouted**: a signal written by a run of another namespace or thread than
+  the one it was sent to (names that collide).
+
+Reported, never failed: **duplicates** (a signal written more than once:
+delivery is at least once) and the **takeover delays** after owner kills.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tenure._history import Sighting, token_clashes
+
+from .evidence import Fault, Stored, Write
+
+__all__ = [
+    "Overlap",
+    "Reordered",
+    "ThreadReport",
+    "check",
+    "duplicates",
+    "lost_signals",
+    "misrouted",
+    "order_violations",
+    "overlaps",
+    "percentile",
+    "takeover_delays",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    """``stale`` was written after ``newer``, from an older run of the same thread.
+
+    ``shared``: both runs wrote the same token (two runs, one token).
+    """
+
+    newer: Write
+    stale: Write
+    shared: bool = False
+
+    def describe(self) -> str:
+        n, s = self.newer, self.stale
+        what = "shares token" if self.shared else "wrote after"
+        return (
+            f"overlap on {s.namespace}/{s.thread}: run {s.run_id} (token {s.token}, {s.worker}, "
+            f"write #{s.order}) {what} run {n.run_id} (token {n.token}, {n.worker}, write #{n.order})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Reordered:
+    """``later`` (a higher sequence number of one sender and thread) was first written before ``earlier``."""
+
+    earlier: Stored
+    later: Stored
+    earlier_write: int
+    later_write: int
+
+    def describe(self) -> str:
+        e, x = self.earlier, self.later
+        return (
+            f"order on {e.namespace}/{e.thread} from {e.sender}: seq {x.seq} ({x.signal_id}) first "
+            f"written at #{self.later_write}, before seq {e.seq} ({e.signal_id}) at #{self.earlier_write}"
+        )
+
+
+def lost_signals(stored: Iterable[Stored], writes: Iterable[Write]) -> list[Stored]:
+    """Stored signals without any write."""
+    written = {w.signal_id for w in writes}
+    return [s for s in stored if s.signal_id not in written]
+
+
+def overlaps(writes: Iterable[Write]) -> list[Overlap]:
+    """Per thread, each write with a token lower than one already written, and shared tokens.
+
+    ``writes`` in any order; they are judged in commit order (``Write.order``).
+    Writes without a token (a backend without tokens) are not judged here.
+    """
+    out: list[Overlap] = []
+    by_thread: dict[tuple[str, str], list[Write]] = defaultdict(list)
+    for w in sorted(writes, key=lambda w: w.order):
+        if w.token is not None:
+            by_thread[(w.namespace, w.thread)].append(w)
+    for thread_writes in by_thread.values():
+        top: Write | None = None
+        top_token = 0
+        for w in thread_writes:
+            token = w.token if w.token is not None else 0
+            if top is not None and token < top_token:
+                out.append(Overlap(top, w))
+            elif top is None or token > top_token:
+                top, top_token = w, token
+        # One token, two runs: the shared-token check of every lease history.
+        sightings = [
+            Sighting(w.order, w.order, w.run_id, w.token, w)
+            for w in thread_writes
+            if w.token is not None
+        ]
+        out.extend(
+            Overlap(c.earlier.item, c.later.item, shared=True)
+            for c in token_clashes(sightings)
+            if c.shared
+        )
+    return out
+
+
+def _first_writes(writes: Iterable[Write]) -> dict[str, Write]:
+    first: dict[str, Write] = {}
+    for w in writes:
+        if w.signal_id not in first or w.order < first[w.signal_id].order:
+            first[w.signal_id] = w
+    return first
+
+
+def order_violations(stored: Iterable[Stored], writes: Iterable[Write]) -> list[Reordered]:
+    """Per (sender, namespace, thread): each signal first written before an earlier-sent one.
+
+    Lost signals are left out (they are counted as lost).
+    """
+    first = _first_writes(writes)
+    streams: dict[tuple[str, str, str], list[Stored]] = defaultdict(list)
+    for s in stored:
+        if s.signal_id in first:
+            streams[(s.sender, s.namespace, s.thread)].append(s)
+    out: list[Reordered] = []
+    for signals in streams.values():
+        signals.sort(key=lambda s: s.seq)
+        latest: Stored | None = None  # the signal with the latest first write so far
+        for s in signals:
+            at = first[s.signal_id].order
+            if latest is not None and at < first[latest.signal_id].order:
+                out.append(Reordered(latest, s, first[latest.signal_id].order, at))
+            else:
+                latest = s
+    return out
+
+
+def misrouted(stored: Iterable[Stored], writes: Iterable[Write]) -> list[tuple[Stored, Write]]:
+    """Writes by a run of another namespace or thread than the signal was sent to."""
+    sent = {s.signal_id: s for s in stored}
+    out = []
+    for w in writes:
+        s = sent.get(w.signal_id)
+        if s is not None and (s.namespace, s.thread) != (w.namespace, w.thread):
+            out.append((s, w))
+    return out
+
+
+def duplicates(writes: Iterable[Write]) -> dict[str, int]:
+    """Signal id → number of writes, for signals written more than once."""
+    counts = Counter(w.signal_id for w in writes)
+    return {sid: n for sid, n in counts.items() if n > 1}
+
+
+def takeover_delays(
+    stored: Iterable[Stored], writes: Sequence[Write], kills: Iterable[Fault]
+) -> list[float]:
+    """For each owner kill: ms from the kill to the next write on each thread it left stranded.
+
+    A thread counts for a kill of worker W at ``t`` when W made the thread's
+    last write before ``t`` (W ran it) and a signal of the thread was stored
+    before ``t`` but first written after it (it was waiting). The delay is to
+    the thread's first write after ``t``: the stranded-signal bound, measured.
+    """
+    by_thread: dict[tuple[str, str], list[Write]] = defaultdict(list)
+    for w in sorted(writes, key=lambda w: w.t_ns):
+        by_thread[(w.namespace, w.thread)].append(w)
+    times = {thread: [w.t_ns for w in tw] for thread, tw in by_thread.items()}
+    first = _first_writes(writes)
+    # Per thread, (stored at, first written at) of each written signal, by stored time.
+    pending: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    for s in stored:
+        if s.signal_id in first:
+            pending[(s.namespace, s.thread)].append((s.t_ns, first[s.signal_id].t_ns))
+    # Per thread: stored times in order, and the latest first write among signals stored so far.
+    stored_at: dict[tuple[str, str], list[int]] = {}
+    latest: dict[tuple[str, str], list[int]] = {}
+    for thread, spans in pending.items():
+        spans.sort()
+        stored_at[thread] = [a for a, _ in spans]
+        latest[thread] = list(itertools.accumulate((b for _, b in spans), max))
+    out: list[float] = []
+    for kill in kills:
+        t = kill.start_ns
+        for thread, tw in by_thread.items():
+            i = bisect.bisect_left(times[thread], t)
+            if i == 0 or i == len(tw) or tw[i - 1].worker != kill.target:
+                continue
+            j = bisect.bisect_left(stored_at.get(thread, []), t)
+            if j and latest[thread][j - 1] > t:
+                out.append((tw[i].t_ns - t) / 1e6)
+    return out
+
+
+def percentile(xs: Sequence[float], p: float) -> float:
+    """The ``p``-th percentile (nearest rank); NaN for no values."""
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))]
+
+
+@dataclass
+class ThreadReport:
+    signals: int
+    writes: int
+    lost: list[Stored] = field(default_factory=list)
+    overlaps: list[Overlap] = field(default_factory=list)
+    reordered: list[Reordered] = field(default_factory=list)
+    misrouted: list[tuple[Stored, Write]] = field(default_factory=list)
+    duplicates: dict[str, int] = field(default_factory=dict)
+    untokened: int = 0
+    takeover_ms: list[float] = field(default_factory=list)
+
+    @property
+    def violations(self) -> int:
+        return len(self.lost) + len(self.overlaps) + len(self.reordered) + len(self.misrouted)
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "lost": len(self.lost),
+            "overlaps": len(self.overlaps),
+            "order": len(self.reordered),
+            "misrouted": len(self.misrouted),
+        }
+
+    def describe(self, limit: int = 5) -> list[str]:
+        """One line per violation (at most ``limit`` of each kind)."""
+        lines = [
+            f"lost: {s.signal_id} to {s.namespace}/{s.thread} from {s.sender} (seq {s.seq})"
+            for s in self.lost[:limit]
+        ]
+        lines += [o.describe() for o in self.overlaps[:limit]]
+        lines += [r.describe() for r in self.reordered[:limit]]
+        lines += [
+            f"misrouted: {s.signal_id} sent to {s.namespace}/{s.thread}, written by run "
+            f"{w.run_id} of {w.namespace}/{w.thread} ({w.worker})"
+            for s, w in self.misrouted[:limit]
+        ]
+        return lines
+
+
+def check(
+    stored: Sequence[Stored], writes: Sequence[Write], kills: Iterable[Fault] = ()
+) -> ThreadReport:
+    """Every check on one run's evidence."""
+    return ThreadReport(
+        signals=len({s.signal_id for s in stored}),
+        writes=len(writes),
+        lost=lost_signals(stored, writes),
+        overlaps=overlaps(writes),
+        reordered=order_violations(stored, writes),
+        misrouted=misrouted(stored, writes),
+        duplicates=duplicates(writes),
+        untokened=sum(1 for w in writes if w.token is None),
+        takeover_ms=takeover_delays(stored, writes, kills),
+    )

@@ -1,0 +1,545 @@
+"""Run the thread workload with faults against one backend, heal, and check the evidence.
+
+A run: start the backend (a SQLite file; or a private ``redis-server`` with
+``appendonly yes`` and ``appendfsync always``, reached by each worker slot
+through its own fault proxy), start the workers, let them send until the
+deadline while faults are injected, then heal: every fault is undone, senders
+stop, the surviving and fresh workers idle, sweeping, for at least TTL + sweep
+interval and until every stored signal was written (or ``heal_s`` passed). Then
+the workers exit and :func:`safety.threads.checker.check` judges the evidence.
+
+Faults (seeded; one kind per step, a step every ``fault_gap_s``):
+
+- ``owner-kill``: SIGKILL a worker that wrote to the sink in the last 500 ms
+  (it is running a thread); a fresh worker takes its slot.
+- ``owner-pause``: SIGSTOP such a worker for 1.5-3 TTLs, then SIGCONT (at most
+  a third of the workers at once).
+- ``sender-kill``: the worker SIGKILLs itself right after its next
+  ``send_signal`` returned and was recorded (``SIGUSR1`` arms it).
+- ``proxy-blackhole`` (Redis): one worker's connection to the server swallows
+  every byte for 1-3 TTLs, so its renewals hang; then its connections are reset.
+- ``backend-restart`` (Redis): SIGKILL the server and start it again on its
+  data (every write survives: the backend survives the restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..proxy import Proxy
+from .checker import ThreadReport, check, percentile
+from .evidence import Fault, Sink, load_faults, load_stored, load_writes
+from .worker import WorkerConfig, config_json
+
+__all__ = ["BACKENDS", "KINDS", "ThreadRunConfig", "ThreadRunResult", "run_threads"]
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+BACKENDS = ("sqlite", "redis")
+KINDS: dict[str, list[str]] = {
+    "sqlite": ["owner-kill", "owner-kill", "owner-pause", "owner-pause", "sender-kill"],
+    "redis": [
+        "owner-kill",
+        "owner-kill",
+        "owner-pause",
+        "owner-pause",
+        "sender-kill",
+        "proxy-blackhole",
+        "proxy-blackhole",
+        "backend-restart",
+    ],
+}
+# The two namespaces whose names collided before names were injective.
+COLLIDING = [["app", "v2:42"], ["app:v2", "42"]]
+
+
+@dataclass
+class ThreadRunConfig:
+    backend: str  # sqlite | redis
+    duration_s: float = 20.0
+    seed: int = 1
+    workers: int = 4
+    threads: int = 4  # plus the two colliding ones
+    ttl_ms: int = 1000
+    control: str | None = None
+    workdir: str | None = None
+    faults: bool = True
+    fault_kinds: list[str] | None = None  # None: every kind of the backend
+    fault_gap_s: tuple[float, float] = (0.5, 1.5)
+    heal_s: float | None = None  # None: 5 s + 3 TTLs
+    send_gap_ms: tuple[float, float] = (5.0, 40.0)
+    # Redis: start the workers while the fresh server still refuses grants (its
+    # quarantine). The runtime then loses the first signals of new threads: kept
+    # as a switch to reproduce that, off by default (see SAFETY.md).
+    cold_start: bool = False
+
+    def thread_list(self) -> list[list[str]]:
+        if self.control == "collide":
+            return [list(t) for t in COLLIDING]
+        return [["app", f"t{i}"] for i in range(self.threads)] + [list(t) for t in COLLIDING]
+
+    @property
+    def sweep_s(self) -> float:
+        return min(self.ttl_ms / 3000, 1.0)  # the runtime's default
+
+
+@dataclass
+class ThreadRunResult:
+    config: ThreadRunConfig
+    report: ThreadReport
+    faults: dict[str, int]
+    workers_started: int
+    drained_s: float | None  # seconds after healing until every stored signal was written
+    workdir: str
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def violations(self) -> int:
+        return self.report.violations
+
+    def figure_line(self) -> str:
+        r, c = self.report, self.config
+        n_faults = sum(v for k, v in self.faults.items() if "not injected" not in k)
+        kinds = ", ".join(f"{k} {v}" for k, v in self.faults.items()) or "none"
+        dup_signals = len(r.duplicates)
+        dup_extra = sum(n - 1 for n in r.duplicates.values())
+        bound = c.ttl_ms + c.sweep_s * 1000
+        t = r.takeover_ms
+        takeover = (
+            f"takeover after owner kill p50/p99/max = {percentile(t, 50):.0f}/"
+            f"{percentile(t, 99):.0f}/{max(t):.0f} ms over {len(t)} stranded threads "
+            f"(TTL + sweep = {bound:.0f} ms)"
+            if t
+            else "takeover: no kill left a waiting signal"
+        )
+        counts = r.counts()
+        verdict = ", ".join(f"{v} {k}" for k, v in counts.items())
+        return (
+            f"{c.backend}{f' [control {c.control}]' if c.control else ''}: {r.signals} signals, "
+            f"{r.writes} writes, {self.workers_started} worker processes, "
+            f"{len(c.thread_list())} threads, TTL {c.ttl_ms} ms; {n_faults} faults ({kinds}); "
+            f"{verdict}; duplicates: {dup_signals} signals written twice or more "
+            f"(+{dup_extra} writes); {r.untokened} writes without a token; {takeover}; "
+            + (
+                f"drained {self.drained_s:.1f} s after healing"
+                if self.drained_s is not None
+                else "NOT drained after healing"
+            )
+        )
+
+
+class Pool:
+    """Worker processes by slot; a killed worker's slot gets a fresh one."""
+
+    def __init__(self, rc: ThreadRunConfig, workdir: Path, urls: list[str]) -> None:
+        self.rc = rc
+        self.workdir = workdir
+        self.urls = urls
+        self.rnd = random.Random(rc.seed * 7919)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.slot_of: dict[str, int] = {}
+        self.paused: set[str] = set()
+        self.started = 0
+
+    def spawn(self, slot: int) -> str:
+        self.started += 1
+        name = f"w{slot}-{self.started}"
+        cfg = WorkerConfig(
+            name=name,
+            url=self.urls[slot],
+            workdir=str(self.workdir),
+            seed=self.rnd.randrange(2**32),
+            ttl_ms=self.rc.ttl_ms,
+            threads=self.rc.thread_list(),
+            send_gap_ms=list(self.rc.send_gap_ms),
+            control=self.rc.control,
+        )
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        with (self.workdir / f"{name}.stderr").open("wb") as err:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "safety.threads.worker", "--config", config_json(cfg)],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        self.slot_of[name] = slot
+        return name
+
+    def running(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is None]
+
+    def active(self) -> list[str]:
+        return [n for n in self.running() if n not in self.paused]
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.procs[name].send_signal(sig)
+
+    async def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        self.signal(name, signal.SIGKILL)
+        await asyncio.to_thread(proc.wait)
+
+    async def wait_ready(self, names: list[str], timeout: float) -> None:
+        until = time.monotonic() + timeout
+        while not all((self.workdir / f"ready-{n}").exists() for n in names):
+            dead = [n for n in names if self.procs[n].poll() is not None]
+            if dead:
+                err = (self.workdir / f"{dead[0]}.stderr").read_text()[-2000:]
+                raise RuntimeError(f"worker {dead[0]} died while starting: {err}")
+            if time.monotonic() > until:
+                raise RuntimeError(f"workers did not start within {timeout:.0f} s")
+            await asyncio.sleep(0.05)
+
+    async def stop_all(self, timeout: float) -> None:
+        for name in list(self.paused):
+            self.signal(name, signal.SIGCONT)
+        self.paused.clear()
+        (self.workdir / "exit").touch()
+        until = time.monotonic() + timeout
+        for proc in self.procs.values():
+            try:
+                await asyncio.to_thread(proc.wait, max(0.1, until - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+
+
+class Env:
+    """The backend: one URL per worker slot, and its server faults."""
+
+    async def start(self, workdir: Path, rc: ThreadRunConfig) -> list[str]:
+        raise NotImplementedError
+
+    def proxy(self, slot: int) -> Proxy | None:
+        return None
+
+    async def restart(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        return None
+
+
+class SqliteEnv(Env):
+    async def start(self, workdir: Path, rc: ThreadRunConfig) -> list[str]:
+        return [f"sqlite:///{workdir / 'backend.db'}"] * rc.workers
+
+
+class RedisEnv(Env):
+    async def start(self, workdir: Path, rc: ThreadRunConfig) -> list[str]:
+        from tests.support.redis_server import RedisServer
+
+        self.server = RedisServer(persistence=True)
+        await asyncio.to_thread(self.server.start)
+        self.proxies = [
+            await Proxy("127.0.0.1", self.server.port).start() for _ in range(rc.workers)
+        ]
+        prefix = f"thr{rc.seed}x{os.getpid()}:"
+        # A fresh server refuses grants for max_ttl_ms (it may have lost leases):
+        # keep that quarantine short, as the TTLs here are.
+        opts = f"prefix={prefix}&max_ttl_ms={2 * rc.ttl_ms}"
+        if not rc.cold_start:
+            await _past_quarantine(f"{self.server.url}?{opts}")
+        return [f"redis://127.0.0.1:{p.port}/0?{opts}" for p in self.proxies]
+
+    def proxy(self, slot: int) -> Proxy | None:
+        return self.proxies[slot]
+
+    async def restart(self) -> None:
+        # A crash, not a shutdown: with appendfsync always every write survives it.
+        await asyncio.to_thread(self.server.kill)
+        await asyncio.to_thread(self.server.start)
+
+    async def close(self) -> None:
+        for p in self.proxies:
+            await p.aclose()
+        await asyncio.to_thread(self.server.close)
+
+
+async def _past_quarantine(url: str) -> None:
+    """Wait until the fresh server grants leases (it refuses them for ``max_ttl_ms``)."""
+    import tenure
+
+    backend = tenure.from_url(url)
+    try:
+        async with asyncio.timeout(60):
+            while True:
+                granted = await backend.acquire_lease("harness.warm-up", "harness", 100)
+                if granted.acquired:
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        await backend.aclose()
+
+
+class Injector:
+    def __init__(
+        self, rc: ThreadRunConfig, rnd: random.Random, pool: Pool, env: Env, workdir: Path
+    ) -> None:
+        self.rc = rc
+        self.rnd = rnd
+        self.pool = pool
+        self.env = env
+        self.ttl = rc.ttl_ms / 1000
+        self.kinds = rc.fault_kinds or KINDS[rc.backend]
+        self.counts: Counter[str] = Counter()
+        self.sink = sqlite3.connect(workdir / "sink.db", timeout=30)
+        self._log = (workdir / "faults.jsonl").open("a")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._senders: set[asyncio.Task[None]] = set()  # not cancelled: they respawn a slot
+        self._blackholed: set[int] = set()
+        self._restarting = False
+        self.deadline_ns = 0
+
+    def _record(self, kind: str, target: str, start: int, end: int | None = None) -> None:
+        self.counts[kind] += 1
+        fault = Fault(kind, target, start, start if end is None else end)
+        self._log.write(json.dumps(asdict(fault)) + "\n")
+        self._log.flush()
+
+    def _spawn(self, coro: Any, tasks: set[asyncio.Task[None]] | None = None) -> None:
+        into = self._tasks if tasks is None else tasks
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        into.add(task)
+        task.add_done_callback(into.discard)
+
+    def _owners(self) -> list[str]:
+        """Active workers that wrote to the sink in the last 500 ms (they run a thread)."""
+        since = time.monotonic_ns() - 500_000_000
+        try:
+            rows = self.sink.execute(
+                "SELECT worker, t_ns FROM writes ORDER BY id DESC LIMIT 200"
+            ).fetchall()
+        except sqlite3.Error:
+            rows = []
+        recent = {w for w, t in rows if t > since}
+        return sorted(recent & set(self.pool.active()))
+
+    async def run(self, until_ns: int) -> None:
+        self.deadline_ns = until_ns
+        while time.monotonic_ns() < until_ns:
+            await asyncio.sleep(self.rnd.uniform(*self.rc.fault_gap_s))
+            if time.monotonic_ns() >= until_ns:
+                break
+            await self.inject(self.rnd.choice(self.kinds))
+
+    async def inject(self, kind: str) -> None:
+        rnd, pool = self.rnd, self.pool
+        if kind in ("owner-kill", "owner-pause"):
+            victims = self._owners()
+            if not victims:
+                self.counts[f"{kind} (not injected: no owner)"] += 1
+                return
+            victim = rnd.choice(victims)
+            if kind == "owner-kill":
+                t = time.monotonic_ns()
+                await pool.kill(victim)
+                self._record(kind, victim, t)
+                pool.spawn(pool.slot_of[victim])
+            else:
+                if len(pool.paused) >= max(1, self.rc.workers // 3):
+                    self.counts[f"{kind} (not injected: enough paused)"] += 1
+                    return
+                pool.paused.add(victim)
+                t = time.monotonic_ns()
+                pool.signal(victim, signal.SIGSTOP)
+                self._spawn(self._resume(victim, t, rnd.uniform(1.5, 3.0) * self.ttl))
+        elif kind == "sender-kill":
+            victims = pool.active()
+            if not victims or time.monotonic_ns() > self.deadline_ns - 2_000_000_000:
+                self.counts[f"{kind} (not injected: no sender)"] += 1
+                return
+            victim = rnd.choice(victims)
+            pool.signal(victim, signal.SIGUSR1)
+            self._spawn(self._after_sender_kill(victim, time.monotonic_ns()), self._senders)
+        elif kind == "proxy-blackhole":
+            slots = [s for s in range(self.rc.workers) if s not in self._blackholed]
+            if not slots:
+                return
+            slot = rnd.choice(slots)
+            proxy = self.env.proxy(slot)
+            if proxy is None:
+                return
+            self._blackholed.add(slot)
+            proxy.set_mode("blackhole")
+            self._spawn(
+                self._open_proxy(slot, time.monotonic_ns(), rnd.uniform(1.0, 3.0) * self.ttl)
+            )
+        elif kind == "backend-restart":
+            if self._restarting:
+                return
+            self._restarting = True
+            t = time.monotonic_ns()
+            try:
+                await self.env.restart()
+            finally:
+                self._restarting = False
+            self._record(kind, "server", t, time.monotonic_ns())
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+
+    async def _resume(self, victim: str, start: int, delay: float) -> None:
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            self.pool.signal(victim, signal.SIGCONT)
+            self.pool.paused.discard(victim)
+            self._record("owner-pause", victim, start, time.monotonic_ns())
+
+    async def _after_sender_kill(self, victim: str, armed: int) -> None:
+        proc = self.pool.procs[victim]
+        try:
+            await asyncio.wait_for(asyncio.to_thread(proc.wait), 5)
+        except TimeoutError:
+            # It sent nothing more (its sending ended): not the fault we wanted.
+            self.counts["sender-kill (not injected: no send)"] += 1
+            return
+        self._record("sender-kill", victim, armed, time.monotonic_ns())
+        self.pool.spawn(self.pool.slot_of[victim])
+
+    async def _open_proxy(self, slot: int, start: int, delay: float) -> None:
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            proxy = self.env.proxy(slot)
+            if proxy is not None:
+                proxy.set_mode("pass")
+            self._blackholed.discard(slot)
+            self._record("proxy-blackhole", f"slot{slot}", start, time.monotonic_ns())
+
+    async def heal(self) -> None:
+        """Undo every active fault (resume, open the network); respawn a sender that died."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._senders, return_exceptions=True)
+
+    def close(self) -> None:
+        self.sink.close()
+        self._log.close()
+
+
+def _all_written(workdir: Path, running: list[str]) -> bool:
+    """Every running worker has finished sending, and every stored signal was written."""
+    if not all((workdir / f"sent-{n}").exists() for n in running):
+        return False
+    stored = {s.signal_id for s in load_stored(workdir)}
+    db = sqlite3.connect(workdir / "sink.db", timeout=30)
+    try:
+        written = {r[0] for r in db.execute("SELECT DISTINCT signal_id FROM writes")}
+    finally:
+        db.close()
+    return stored <= written
+
+
+def _prepare(rc: ThreadRunConfig) -> Path:
+    workdir = Path(rc.workdir or tempfile.mkdtemp(prefix=f"tenure-threads-{rc.backend}-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    for stale in ("go", "exit", "faults.jsonl"):
+        (workdir / stale).unlink(missing_ok=True)
+    Sink.create(workdir / "sink.db")
+    return workdir
+
+
+async def run_threads(rc: ThreadRunConfig) -> ThreadRunResult:
+    started = time.monotonic()
+    if rc.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {rc.backend!r}")
+    workdir = await asyncio.to_thread(_prepare, rc)
+    rnd = random.Random(rc.seed)
+    env: Env = SqliteEnv() if rc.backend == "sqlite" else RedisEnv()
+    urls = await env.start(workdir, rc)
+    pool = Pool(rc, workdir, urls)
+    injector = Injector(rc, rnd, pool, env, workdir)
+    drained: float | None = None
+    try:
+        names = [pool.spawn(slot) for slot in range(rc.workers)]
+        await pool.wait_ready(names, 120)
+        deadline = time.monotonic_ns() + int(rc.duration_s * 1e9)
+        (workdir / "go").write_text(str(deadline))
+        if rc.faults:
+            await injector.run(deadline)
+        else:
+            await asyncio.sleep(rc.duration_s)
+        await injector.heal()
+        healed = time.monotonic()
+        heal_s = rc.heal_s if rc.heal_s is not None else 5 + 3 * rc.ttl_ms / 1000
+        at_least = rc.ttl_ms / 1000 + rc.sweep_s + 1
+        while True:
+            now = time.monotonic()
+            done = await asyncio.to_thread(_all_written, workdir, pool.running())
+            if done and drained is None:
+                drained = now - healed
+            if (done and now - healed >= at_least) or now - healed > heal_s:
+                break
+            await asyncio.sleep(0.2)
+        await pool.stop_all(30)
+    finally:
+        with contextlib.suppress(Exception):
+            await injector.heal()
+        for name in pool.running():
+            pool.signal(name, signal.SIGCONT)
+            pool.signal(name, signal.SIGKILL)
+        injector.close()
+        await env.close()
+    stored = load_stored(workdir)
+    writes = load_writes(workdir / "sink.db")
+    faults = load_faults(workdir / "faults.jsonl")
+    report = check(stored, writes, [f for f in faults if f.kind == "owner-kill"])
+    result = ThreadRunResult(
+        config=rc,
+        report=report,
+        faults=dict(sorted(injector.counts.items())),
+        workers_started=pool.started,
+        drained_s=drained,
+        workdir=str(workdir),
+        elapsed_s=time.monotonic() - started,
+    )
+    (workdir / "result.json").write_text(
+        json.dumps(
+            {
+                "config": asdict(rc),
+                "figure": result.figure_line(),
+                "violations": report.describe(50),
+                "duplicates": len(report.duplicates),
+            },
+            indent=2,
+        )
+    )
+    return result
+
+
+def control_config(backend: str, control: str, **over: Any) -> ThreadRunConfig:
+    """A short run of ``control`` with the faults that make its bug show."""
+    kinds = {
+        "never-lose": ["owner-pause"] + (["proxy-blackhole"] if backend == "redis" else []),
+        "no-reclaim": ["owner-kill", "owner-kill", "sender-kill"],
+        "collide": None,
+    }[control]
+    rc = ThreadRunConfig(
+        backend=backend,
+        duration_s=8.0,
+        control=control,
+        faults=kinds is not None,
+        fault_kinds=kinds,
+        fault_gap_s=(0.3, 0.8),
+    )
+    for k, v in over.items():
+        setattr(rc, k, v)
+    return rc

@@ -1,0 +1,180 @@
+"""One worker process: thread runtimes that handle signals, and a sender that sends them.
+
+``python -m safety.threads.worker --config JSON`` (the runner starts it). The
+worker runs one :class:`tenure.ThreadRuntime` per namespace of its threads, on
+one backend object opened from ``url``; the handler writes each signal to the
+recording sink with its run's token (see :mod:`safety.threads.evidence`).
+
+Until the deadline in ``<workdir>/go`` it sends signals to random threads, one
+at a time, with ids it chooses (``<worker>.<n>``), retrying a failed send with
+the same id (an unknown outcome stores nothing twice) and recording each
+returned send. ``SIGUSR1`` makes it SIGKILL itself right after the next send
+returned and was recorded (the "sender killed right after a send" fault). Then
+it idles, its runtimes still sweeping, until ``<workdir>/exit`` appears.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import controls
+from .evidence import Sink, Stored, StoredLog
+
+__all__ = ["WorkerConfig", "config_json", "main"]
+
+logger = logging.getLogger("safety.threads.worker")
+
+
+@dataclass
+class WorkerConfig:
+    name: str
+    url: str
+    workdir: str
+    seed: int
+    ttl_ms: int
+    threads: list[list[str]]  # [namespace, thread key]
+    send_gap_ms: list[float] = field(default_factory=lambda: [5.0, 40.0])
+    work_ms: list[float] = field(default_factory=lambda: [1.0, 15.0])
+    control: str | None = None
+
+
+def config_json(cfg: WorkerConfig) -> str:
+    return json.dumps(asdict(cfg))
+
+
+class Worker:
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.workdir = Path(cfg.workdir)
+        self.rnd = random.Random(cfg.seed)
+        self.sink = Sink(self.workdir / "sink.db", cfg.name)
+        self.log = StoredLog(self.workdir / f"stored-{cfg.name}.jsonl")
+        self.kill_after_send = False
+        self.runtimes: dict[str, Any] = {}
+        self.backend: Any = None
+
+    def _handler(self, namespace: str) -> Any:
+        from tenure import LeaseLost, ThreadRun
+
+        lo, hi = self.cfg.work_ms
+
+        async def handle(run: ThreadRun) -> None:
+            async for sig in run.signals():
+                await asyncio.sleep(self.rnd.uniform(lo, hi) / 1000)
+                try:
+                    await self.sink.write(run, namespace, sig.id, sig.attempt)
+                except LeaseLost:
+                    return
+
+        return handle
+
+    async def start(self) -> None:
+        import tenure
+
+        self.backend = tenure.from_url(self.cfg.url)
+        controls.apply_to_backend(self.cfg.control, self.backend)
+        for i, ns in enumerate(sorted({ns for ns, _ in self.cfg.threads})):
+            rt = tenure.ThreadRuntime(
+                self.backend,
+                self._handler(ns),
+                ttl_ms=self.cfg.ttl_ms,
+                process_id=f"{self.cfg.name}.{i}",
+                namespace=ns,
+            )
+            await rt.start()
+            self.runtimes[ns] = rt
+
+    async def _deadline(self) -> int:
+        go = self.workdir / "go"
+        while True:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                return int(go.read_text())
+            await asyncio.sleep(0.02)
+
+    async def send_all(self, deadline_ns: int) -> None:
+        from tenure import TenureError
+
+        seq: Counter[tuple[str, str]] = Counter()
+        n = 0
+        lo, hi = self.cfg.send_gap_ms
+        give_up_ns = deadline_ns + 5_000_000_000
+        while time.monotonic_ns() < deadline_ns:
+            ns, key = self.rnd.choice(self.cfg.threads)
+            seq[(ns, key)] += 1
+            n += 1
+            sid = f"{self.cfg.name}.{n}"
+            payload = {"sender": self.cfg.name, "seq": seq[(ns, key)]}
+            outcome = None
+            while outcome is None and time.monotonic_ns() < give_up_ns:
+                try:
+                    result = await self.runtimes[ns].send_signal(key, payload, signal_id=sid)
+                    outcome = result.outcome
+                except (TenureError, OSError) as exc:
+                    # Unknown outcome: the same id again stores nothing twice.
+                    logger.warning("send %s failed, retrying: %r", sid, exc)
+                    await asyncio.sleep(self.rnd.uniform(0.05, 0.2))
+            if outcome is None:
+                return  # gave up: its outcome stays unknown, nothing is owed for it
+            self.log.record(
+                Stored(sid, ns, key, self.cfg.name, seq[(ns, key)], time.monotonic_ns(), outcome)
+            )
+            if self.kill_after_send:
+                os.kill(os.getpid(), signal.SIGKILL)
+            await asyncio.sleep(self.rnd.uniform(lo, hi) / 1000)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, self._arm_kill)
+        await self.start()
+        (self.workdir / f"ready-{self.cfg.name}").touch()
+        deadline = await self._deadline()
+        await self.send_all(deadline)
+        (self.workdir / f"sent-{self.cfg.name}").touch()
+        stop = self.workdir / "exit"
+        while True:  # idle, sweeping, until the runner says so
+            if stop.exists():
+                break
+            await asyncio.sleep(0.1)
+        for rt in self.runtimes.values():
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(10):
+                    await rt.aclose()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5):
+                await self.backend.aclose()
+        self.sink.close()
+        self.log.close()
+
+    def _arm_kill(self) -> None:
+        self.kill_after_send = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m safety.threads.worker")
+    parser.add_argument("--config", required=True, help="WorkerConfig as JSON")
+    parser.add_argument("--control", default=None, choices=controls.CONTROLS)
+    ns = parser.parse_args(argv)
+    cfg = WorkerConfig(**json.loads(ns.config))
+    if ns.control is not None:
+        cfg.control = ns.control
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    controls.apply(cfg.control)
+    asyncio.run(Worker(cfg).run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The thread runtime's harness: its checkers on hand-made evidence, then real runs.
+
+The checker tests feed :mod:`safety.threads.checker` small histories that must
+be caught and clean ones that must pass. The runs start real worker processes
+on SQLite and on a private Redis (``redis-server`` must be installed; they fail,
+never skip, when it is missing): a short run with faults per backend must show
+no violation, and each negative control must be caught. The soak is
+``python -m safety threads --duration ...`` (SAFETY.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from safety.threads.checker import (
+    check,
+    duplicates,
+    lost_signals,
+    misrouted,
+    order_violations,
+    overlaps,
+    percentile,
+    takeover_delays,
+)
+from safety.threads.controls import CONTROLS
+from safety.threads.evidence import Fault, Stored, Write
+from safety.threads.runner import ThreadRunConfig, ThreadRunResult, control_config, run_threads
+
+MS = 1_000_000
+
+
+def sent(
+    sid: str, seq: int, *, thread: str = "t", sender: str = "s", ns: str = "app", t: int = 0
+) -> Stored:
+    return Stored(sid, ns, thread, sender, seq, t * MS)
+
+
+def wrote(
+    order: int,
+    sid: str,
+    token: int | None,
+    *,
+    run: str = "",
+    thread: str = "t",
+    ns: str = "app",
+    worker: str = "w",
+    t: int | None = None,
+) -> Write:
+    return Write(
+        order,
+        ns,
+        thread,
+        token,
+        run or f"r{token}",
+        sid,
+        worker,
+        (order if t is None else t) * MS,
+    )
+
+
+# -- lost ------------------------------------------------------------------------
+
+
+def test_a_stored_signal_without_a_write_is_lost() -> None:
+    stored = [sent("a", 1), sent("b", 2)]
+    assert lost_signals(stored, [wrote(1, "a", 1)]) == [stored[1]]
+
+
+def test_every_stored_signal_written_is_not_lost() -> None:
+    # Writes of signals nobody was told are stored (an unknown outcome) are fine.
+    stored = [sent("a", 1), sent("b", 2)]
+    writes = [wrote(1, "b", 1), wrote(2, "a", 1), wrote(3, "x", 1)]
+    assert lost_signals(stored, writes) == []
+
+
+# -- overlaps --------------------------------------------------------------------
+
+
+def test_a_write_from_a_lower_token_after_a_higher_one_is_an_overlap() -> None:
+    writes = [wrote(1, "a", 5), wrote(2, "b", 6), wrote(3, "c", 5)]
+    found = overlaps(writes)
+    assert [(o.newer.order, o.stale.order, o.shared) for o in found] == [(2, 3, False)]
+    assert "wrote after" in found[0].describe()
+
+
+def test_overlaps_are_judged_in_commit_order_and_per_thread() -> None:
+    # Out of order in the list, in order by commit; another thread's tokens are its own.
+    writes = [wrote(3, "c", 7), wrote(1, "a", 5), wrote(2, "b", 2, thread="u")]
+    assert overlaps(writes) == []
+    assert overlaps([wrote(1, "a", 5), wrote(2, "b", 3, ns="app:v2")]) == []
+
+
+def test_rising_tokens_and_a_run_writing_many_times_pass() -> None:
+    writes = [wrote(1, "a", 1), wrote(2, "b", 1), wrote(3, "c", 2), wrote(4, "d", 2)]
+    assert overlaps(writes) == []
+
+
+def test_two_runs_writing_one_token_is_an_overlap() -> None:
+    writes = [wrote(1, "a", 4, run="r1"), wrote(2, "b", 4, run="r2")]
+    found = overlaps(writes)
+    assert len(found) == 1 and found[0].shared
+    assert "shares token" in found[0].describe()
+
+
+def test_writes_without_a_token_are_not_judged_as_overlaps() -> None:
+    assert overlaps([wrote(1, "a", 5), wrote(2, "b", None)]) == []
+    assert check([sent("a", 1)], [wrote(1, "a", None)]).untokened == 1
+
+
+# -- order -----------------------------------------------------------------------
+
+
+def test_a_signal_first_written_before_an_earlier_one_breaks_order() -> None:
+    stored = [sent("a", 1), sent("b", 2), sent("c", 3)]
+    writes = [wrote(1, "b", 1), wrote(2, "c", 1), wrote(3, "a", 2)]
+    found = order_violations(stored, writes)
+    assert [(r.earlier.signal_id, r.later.signal_id) for r in found] == [("a", "b"), ("a", "c")]
+    assert "seq 2" in found[0].describe()
+
+
+def test_order_is_per_sender_and_thread_and_uses_first_writes() -> None:
+    stored = [
+        sent("a", 1),
+        sent("b", 2),
+        sent("x", 1, sender="other"),  # another sender: no order with a, b
+        sent("y", 1, thread="u"),
+    ]
+    writes = [
+        wrote(1, "x", 1),
+        wrote(2, "a", 1),
+        wrote(3, "y", 1, thread="u"),
+        wrote(4, "b", 1),
+        wrote(5, "a", 2),  # a duplicate of a, after b: only first writes count
+    ]
+    assert order_violations(stored, writes) == []
+
+
+def test_a_lost_signal_is_not_an_order_violation() -> None:
+    stored = [sent("a", 1), sent("b", 2)]
+    assert order_violations(stored, [wrote(1, "b", 1)]) == []
+
+
+# -- misrouted, duplicates ----------------------------------------------------------
+
+
+def test_a_signal_handled_by_another_namespaces_thread_is_misrouted() -> None:
+    stored = [sent("a", 1, ns="app", thread="v2:42"), sent("b", 1, ns="app:v2", thread="42")]
+    writes = [
+        wrote(1, "a", 1, ns="app:v2", thread="42"),
+        wrote(2, "b", 1, ns="app:v2", thread="42"),
+    ]
+    assert [(s.signal_id, w.order) for s, w in misrouted(stored, writes)] == [("a", 1)]
+
+
+def test_duplicates_are_counted() -> None:
+    writes = [wrote(1, "a", 1), wrote(2, "a", 2), wrote(3, "b", 2), wrote(4, "a", 3)]
+    assert duplicates(writes) == {"a": 3}
+    report = check([sent("a", 1), sent("b", 2)], writes)
+    assert report.violations == 0 and report.duplicates == {"a": 3}
+
+
+# -- the takeover bound --------------------------------------------------------------
+
+
+def test_takeover_delay_runs_from_the_kill_to_the_next_write_of_a_waiting_thread() -> None:
+    stored = [sent("a", 1, t=10), sent("b", 2, t=95), sent("c", 1, thread="u", t=20)]
+    writes = [
+        wrote(1, "a", 1, worker="w1", t=50),
+        wrote(2, "c", 1, thread="u", worker="w1", t=60),
+        wrote(3, "b", 2, worker="w2", t=1100),
+        wrote(4, "z", 1, thread="u", worker="w2", t=5000),
+    ]
+    kill = Fault("owner-kill", "w1", 100 * MS, 100 * MS)
+    # t waited (b stored before the kill, written after); u had nothing waiting.
+    assert takeover_delays(stored, writes, [kill]) == [1000.0]
+    # A kill of a worker that did not run the thread measures nothing.
+    assert takeover_delays(stored, writes, [Fault("owner-kill", "w9", 100 * MS, 100 * MS)]) == []
+
+
+def test_percentile() -> None:
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([1.0, 2.0, 3.0, 100.0], 99) == 100.0
+    assert percentile([], 50) != percentile([], 50)  # NaN
+
+
+def test_a_clean_history_has_no_violation() -> None:
+    stored = [sent("a", 1), sent("b", 2), sent("c", 1, sender="s2")]
+    writes = [wrote(1, "a", 1), wrote(2, "c", 1), wrote(3, "b", 2)]
+    report = check(stored, writes)
+    assert report.violations == 0
+    assert report.describe() == []
+    assert report.counts() == {"lost": 0, "overlaps": 0, "order": 0, "misrouted": 0}
+
+
+# -- real runs -------------------------------------------------------------------------
+
+
+def _run(rc: ThreadRunConfig) -> ThreadRunResult:
+    result = asyncio.run(run_threads(rc))
+    print(result.figure_line())
+    for line in result.report.describe():
+        print("  " + line)
+    return result
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_short_run_with_faults_has_no_violation(backend: str, tmp_path: Path) -> None:
+    res = _run(ThreadRunConfig(backend=backend, duration_s=15.0, seed=11, workdir=str(tmp_path)))
+    assert res.violations == 0, "\n".join(res.report.describe())
+    assert res.drained_s is not None, "stored signals still unwritten after healing"
+    # The run must have done something worth checking.
+    assert res.report.signals >= 300
+    assert sum(n for k, n in res.faults.items() if "not injected" not in k) >= 5, res.faults
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("control", CONTROLS)
+def test_negative_control_is_caught(control: str, tmp_path: Path) -> None:
+    backend = "redis" if control == "never-lose" else "sqlite"
+    res = _run(control_config(backend, control, seed=5, workdir=str(tmp_path)))
+    assert res.violations >= 1, f"control {control} went unnoticed: {res.figure_line()}"
+    expected = {"never-lose": "overlaps", "no-reclaim": "lost", "collide": "misrouted"}[control]
+    assert res.report.counts()[expected] >= 1, res.figure_line()
