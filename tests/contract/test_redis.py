@@ -7,6 +7,7 @@ design. The quarantine itself is tested on private servers in ``tests/redis``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -29,7 +30,12 @@ def _isolated_url(unique: str, tmp_path: Path) -> str:
     return f"{url}{sep}prefix=tenure-test-{unique}:&quarantine=off"
 
 
-TARGET = BackendTarget("redis", isolated_url=_isolated_url)
+def _cleanup(unique: str) -> None:
+    # The fixture runs outside any event loop; a short-lived one deletes the keys.
+    asyncio.run(delete_prefix(REDIS_URL, f"tenure-test-{unique}:"))
+
+
+TARGET = BackendTarget("redis", isolated_url=_isolated_url, cleanup=_cleanup)
 
 
 @pytest_asyncio.fixture
