@@ -186,6 +186,9 @@ def test_declared_capabilities() -> None:
         | C.ATOMIC_TRANSFER
         | C.EVENTS
         | C.DURABLE_GROUPS
+        | C.DEDUPE
+        | C.RECLAIM
+        | C.BACKLOG
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
+import tenure
 from tenure import Event
 from tenure.backends.redis import RedisStreamsPubSub
 from tenure.testing import eventually
@@ -329,3 +330,201 @@ async def test_unsubscribe_returns_whenever_it_interrupts_the_reader(
         for _ in range(turns):
             await asyncio.sleep(0)
         await asyncio.wait_for(backend.unsubscribe("t", callback), 10)
+
+
+# -- DEDUPE, RECLAIM, BACKLOG ------------------------------------------------------
+
+
+async def start_subscriber(
+    redis_url: str, prefix: str, topic: str, where: Path
+) -> asyncio.subprocess.Process:
+    """``tests/redis/_subscriber.py`` in group ``g``, once it has subscribed."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.redis._subscriber",
+        redis_url,
+        prefix,
+        topic,
+        "g",
+        str(where),
+        cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not (where / "ready").exists():
+        assert proc.returncode is None, "the subscriber process died"
+        assert time.monotonic() < deadline, "the subscriber process never subscribed"
+        await asyncio.sleep(0.05)
+    return proc
+
+
+@pytest.mark.asyncio
+async def test_a_killed_members_events_come_back_at_once_with_reclaim_and_stay_in_the_backlog(
+    clients: tuple[Factory, str], redis_url: str, tmp_path: Path
+) -> None:
+    """FAULT: a member process is SIGKILLed while handling; a new member reclaims."""
+    make, prefix = clients
+    proc = await start_subscriber(redis_url, prefix, "work/1", tmp_path)
+    # Default claim_idle_ms (30 s): only reclaim can bring the events back in time.
+    member = make()
+    try:
+        sent = [await member.publish("work/1", Event(type="t", data=i)) for i in range(3)]
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "got").exists():
+            assert time.monotonic() < deadline, "the subscriber process never got an event"
+            await asyncio.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        stuck = (await client.xpending(f"{prefix}{{work/1}}:stream".encode(), "g:g"))["pending"]
+    finally:
+        await client.aclose()
+    assert stuck >= 1  # taken by the dead process, never acknowledged
+    assert await member.backlog("work/", "g") == ["work/1"]
+    started = time.monotonic()
+    assert await member.reclaim("work/1", "g") == stuck
+    assert await member.backlog("work/", "g") == ["work/1"]  # back, not yet handled
+    later = await member.publish("work/1", Event(type="t", data=3))
+    got: list[Event] = []
+    await member.subscribe("work/1", collector(got), group="g")
+    await eventually(lambda: len(got) >= 4, timeout=10)
+    assert time.monotonic() - started < 5  # not after the 30 s redelivery timeout
+    await asyncio.sleep(0.3)
+    assert [e.id for e in got] == [e.id for e in [*sent, later]]
+    assert [e.attempt for e in got] == [2] * stuck + [1] * (4 - stuck)
+    for _ in range(100):
+        if await member.backlog("work/", "g") == []:
+            break
+        await asyncio.sleep(0.05)
+    assert await member.backlog("work/", "g") == []
+
+
+@pytest.mark.asyncio
+async def test_a_member_blocked_reading_delivers_reclaimed_events_before_newer_ones(
+    clients: tuple[Factory, str],
+) -> None:
+    make, _ = clients
+    stuck, waiting = make(), make(claim_idle_ms=600_000)
+    held: list[Event] = []
+    got: list[Event] = []
+    await stuck.subscribe("t", holder(held), group="g")
+    first = await stuck.publish("t", Event(type="t", data=0))
+    await eventually(lambda: len(held) == 1)
+    await waiting.subscribe("t", collector(got), group="g")
+    await asyncio.sleep(0.2)  # its first look is over: it blocks on new entries
+    assert await waiting.reclaim("t", "g") == 1
+    later = await stuck.publish("t", Event(type="t", data=1))
+    await eventually(lambda: len(got) == 2, timeout=10)
+    assert [(e.id, e.attempt) for e in got] == [(first.id, 2), (later.id, 1)]
+
+
+@pytest.mark.asyncio
+async def test_reclaim_of_a_missing_topic_or_group_is_zero(clients: tuple[Factory, str]) -> None:
+    make, _ = clients
+    backend = make()
+    assert await backend.reclaim("nothing", "g") == 0
+    await backend.publish("t", Event(type="t"))  # the stream exists, the group does not
+    assert await backend.reclaim("t", "g") == 0
+
+
+@pytest.mark.asyncio
+async def test_a_late_raise_after_a_reclaim_retries_nothing_and_the_group_delivers_it(
+    clients: tuple[Factory, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    make, _ = clients
+    old, new = make(), make(claim_idle_ms=600_000)
+    seen: list[Event] = []
+    release = asyncio.Event()
+
+    async def failing(event: Event) -> None:
+        seen.append(event)
+        await release.wait()
+        raise RuntimeError("failure expected by the test")
+
+    await old.subscribe("t", failing, group="g")
+    first = await old.publish("t", Event(type="t", data=0))
+    await eventually(lambda: len(seen) == 1)
+    assert await new.reclaim("t", "g") == 1
+    with caplog.at_level(logging.INFO, logger="tenure.redis"):
+        release.set()
+        await eventually(lambda: any("given back" in r.getMessage() for r in caplog.records))
+    await asyncio.sleep(0.3)
+    assert len(seen) == 1  # the old member did not retry it
+    got: list[Event] = []
+    await new.subscribe("t", collector(got), group="g")
+    await eventually(lambda: len(got) == 1, timeout=10)
+    assert (got[0].id, got[0].attempt) == (first.id, 2)
+
+
+@pytest.mark.asyncio
+async def test_concurrent_publishes_of_one_id_store_one_event(
+    clients: tuple[Factory, str], redis_url: str
+) -> None:
+    make, prefix = clients
+    a, b = make(), make()
+    results = await asyncio.gather(
+        *(
+            backend.publish("t", Event(type="t", data=i, id="once"))
+            for i in range(10)
+            for backend in (a, b)
+        )
+    )
+    assert len({(e.id, e.created_at, e.data) for e in results}) == 1
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await client.xlen(f"{prefix}{{t}}:stream".encode()) == 1
+        # Events without an id set no guard.
+        await a.publish("t", Event(type="t"))
+        guards = [k async for k in client.scan_iter(match=f"{prefix}{{t}}:id:*".encode())]
+        assert guards == [f"{prefix}{{t}}:id:once".encode()]
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_an_id_is_stored_again_after_the_dedupe_window(clients: tuple[Factory, str]) -> None:
+    make, _ = clients
+    backend = make(dedupe_window_ms=200)
+    got: list[Event] = []
+    await backend.subscribe("t", collector(got), group="g")
+    first = await backend.publish("t", Event(type="t", data=1, id="x"))
+    assert (await backend.publish("t", Event(type="t", data=2, id="x"))).data == 1
+    await asyncio.sleep(0.4)
+    again = await backend.publish("t", Event(type="t", data=3, id="x"))
+    assert again.data == 3 and again.created_at != first.created_at
+    await eventually(lambda: len(got) == 2)
+    assert [e.data for e in got] == [1, 3]
+
+
+@pytest.mark.asyncio
+async def test_backlog_drops_drained_topics_from_its_index_and_ignores_fan_out(
+    clients: tuple[Factory, str], redis_url: str
+) -> None:
+    make, prefix = clients
+    backend = make()
+    got: list[Event] = []
+    fan: list[Event] = []
+    await backend.subscribe("a/1", collector(got), group="g")
+    await backend.subscribe("a/2", collector(fan))  # fan-out only: no named group
+    await backend.publish("a/1", Event(type="t"))
+    await backend.publish("a/2", Event(type="t"))
+    await backend.flush()
+    index = f"{prefix}backlog:g:g".encode()
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await client.smembers(index) == {b"a/1"}
+        assert await backend.backlog("a/", "g") == []
+        assert await client.smembers(index) == set()  # drained: no longer looked at
+        assert await backend.backlog("b/", "g") == []
+    finally:
+        await client.aclose()
+
+
+def test_the_dedupe_window_is_an_url_option() -> None:
+    backend = RedisStreamsPubSub.from_url("redis://localhost/0?dedupe_window_ms=5000")
+    assert backend._dedupe_window_ms == 5000
+    with pytest.raises(tenure.ConfigurationError):
+        RedisStreamsPubSub.from_url("redis://localhost/0?dedupe_window_ms=0")

@@ -31,8 +31,15 @@ class SlowUnsubscribe:
     delivered to a session that has already decided to close.
     """
 
-    # The runtime reads the declaration: it forwards pub/sub with durable groups.
-    capabilities = Capability.EVENTS | Capability.DURABLE_GROUPS
+    # The runtime reads the declaration: it forwards pub/sub with durable groups,
+    # reclaim, backlog and dedupe (the runtime needs all of them across processes).
+    capabilities = (
+        Capability.EVENTS
+        | Capability.DURABLE_GROUPS
+        | Capability.RECLAIM
+        | Capability.BACKLOG
+        | Capability.DEDUPE
+    )
 
     def __init__(self, inner: RedisStreamsPubSub, delay: float) -> None:
         self.inner = inner
@@ -55,6 +62,12 @@ class SlowUnsubscribe:
 
     async def flush(self) -> None:
         await self.inner.flush()
+
+    async def reclaim(self, topic: str, group: str) -> int:
+        return await self.inner.reclaim(topic, group)
+
+    async def backlog(self, prefix: str, group: str) -> list[str]:
+        return await self.inner.backlog(prefix, group)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

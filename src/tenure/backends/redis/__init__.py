@@ -3,7 +3,8 @@
 - ``_connection``: the client, the pipelined lease connection, the first-use
   check, and the one translation of driver errors;
 - ``_leases``: the lease half, one script of ``lua/`` per operation;
-- ``_streams``: the event half (consumer groups on Redis Streams);
+- ``_streams``: the event half (consumer groups on Redis Streams), whose
+  subscriptions read through ``_reading``;
 - ``_backend``: :class:`RedisStreamsPubSub`, the two halves on one connection.
 """
 

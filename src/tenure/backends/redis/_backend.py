@@ -103,17 +103,68 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     has not read). A ``group`` is a consumer group (created at the stream's
     end the first time, then durable); a fan-out subscription gets a private
     group that is destroyed on unsubscribe and on ``aclose()`` (a process that
-    dies leaves it behind: it holds no data but stays listed). A callback
-    that returns acknowledges (``XACK``); one that raises gets the event again
-    with ``attempt`` increased, up to ``max_attempts`` (default 5), then the
-    event is acknowledged, dropped and logged at ERROR. Events a dead member
-    of a group never acknowledged are claimed by a live member after
-    ``claim_idle_ms`` (default 30 000) idle, with ``attempt`` = deliveries so
-    far + 1. Events a member had not acknowledged when it unsubscribed (or
-    its backend was closed) are handed back to the group at once and taken by
-    the next member that looks (see :meth:`unsubscribe`). Delivery is at
-    least once: a callback slower than ``claim_idle_ms`` can see its event
-    handed to another member too.
+    dies leaves it behind: it holds no data but stays listed). A member
+    hands its events to its callback one at a time, in stream order. A
+    callback that returns acknowledges (``XACK``, by ``lua/ack.lua``, only
+    while this member still holds the entry); one that raises gets the event
+    again with ``attempt`` increased, up to ``max_attempts`` (default 5), then
+    the event is acknowledged, dropped and logged at ERROR. Events a dead
+    member of a group never acknowledged are claimed by a live member after
+    ``claim_idle_ms`` (default 30 000) idle, or at once after :meth:`reclaim`,
+    with ``attempt`` = deliveries so far + 1. Events a member had not
+    acknowledged when it unsubscribed (or its backend was closed) are handed
+    back to the group at once and taken by the next member that looks (see
+    :meth:`unsubscribe`). Delivery is at least once: a callback slower than
+    ``claim_idle_ms`` can see its event handed to another member too (its own
+    return then acknowledges nothing; the new holder's does).
+
+    **Retried publishes** (``DEDUPE``). A ``publish`` whose event carries a
+    caller-given ``id`` stores it only if no event with that id was published
+    on the topic within ``dedupe_window_ms`` (default 24 h): otherwise it
+    stores nothing and returns the first event (same id, ``created_at``,
+    data). The check and the ``XADD`` are one script, so two concurrent
+    publishes of one id store one event, and a publish retried after
+    :class:`BackendUnavailable` stores it once. The same id on another topic
+    is another event. The guard is a key
+    ``<prefix>{<topic>}:id:<id>`` (the stream's hash slot) holding the first
+    event, expiring after the window: one key per id-given event for 24 h, so
+    memory grows with their rate. An event without an id (one is generated)
+    sets no guard; every publish is one script, one round trip, like the
+    ``XADD`` it replaces.
+
+    **Reclaim** (``RECLAIM``). :meth:`reclaim` gives every event of a group
+    that any member (alive or dead) was delivered and did not acknowledge
+    back to the group at once, in one script: each entry moves to the
+    placeholder consumer ``tenure.returned`` with a huge idle time, keeping
+    its delivery count. Every member takes such entries, in publish order,
+    when it subscribes, at least every ``min(block_ms, claim_idle_ms / 2)``,
+    and after every read that returned newer entries, before handling those:
+    so the next reads of the group deliver them before any newer event, with
+    ``attempt`` = deliveries so far + 1. The old delivery can no longer
+    settle them: its callback's return acknowledges nothing (``lua/ack.lua``
+    acknowledges an entry only for the consumer that holds it) and its raise
+    retries nothing (the retry is not run and is logged at INFO); the event
+    is delivered once more, by whoever takes it. Entries a live member had
+    already read but not yet handed to its callback are still handed to it,
+    so such an event can be delivered twice more; this does not happen to a
+    member that is dead or stopped, the case ``reclaim`` is for (a sole
+    consumer elected by a lease taking over). Returns how many entries came
+    back; 0 when the topic or the group does not exist.
+
+    **Backlog** (``BACKLOG``). Each named group has an index, the set
+    ``<prefix>backlog:g:<group>`` of topics: the publish script adds its topic
+    to the index of every named group of the stream, in the same step as the
+    ``XADD``. :meth:`backlog` reads the index and checks the topics that
+    start with the given prefix in one script (``XINFO GROUPS``: entries
+    pending, or a lag above 0; where Redis cannot tell the lag, an entry after
+    the group's last-delivered id), which removes the drained ones in the same
+    step, so a topic whose event was published before the call is always
+    listed. Cost: one ``SMEMBERS`` of the index (the group's topics with
+    events published since a matching call last found them drained, of any
+    topic prefix) and one script per 256 matching topics; idle topics cost
+    nothing once seen drained. The index key is not in the stream's hash
+    slot, so publish and backlog touch two slots: a Redis Cluster concern
+    left for later (on one Redis, or a cluster of one shard, it is exact).
     """
 
     capabilities = RedisLeases.capabilities | RedisStreams.capabilities
@@ -130,6 +181,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         stream_maxlen: int = 100_000,
         claim_idle_ms: int = 30_000,
         block_ms: int = 1000,
+        dedupe_window_ms: int = 86_400_000,
         max_concurrency: int = 128,
         owns_client: bool = False,
     ) -> None:
@@ -148,6 +200,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
             ("stream_maxlen", stream_maxlen),
             ("claim_idle_ms", claim_idle_ms),
             ("block_ms", block_ms),
+            ("dedupe_window_ms", dedupe_window_ms),
             ("max_concurrency", max_concurrency),
         ]:
             if type(value) is not int or value < 1:
@@ -169,6 +222,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
             stream_maxlen=stream_maxlen,
             claim_idle_ms=claim_idle_ms,
             block_ms=block_ms,
+            dedupe_window_ms=dedupe_window_ms,
         )
 
     @classmethod
@@ -176,8 +230,8 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         """``redis://[user[:password]@]host[:port][/db][?…]`` or ``rediss://…`` (TLS).
 
         Query parameters: tenure's ``prefix``, ``max_ttl_ms``, ``quarantine``,
-        ``strict``, ``max_attempts``, ``stream_maxlen``, ``claim_idle_ms`` and
-        ``max_concurrency`` (see the class docstring), and every option
+        ``strict``, ``max_attempts``, ``stream_maxlen``, ``claim_idle_ms``,
+        ``dedupe_window_ms`` and ``max_concurrency`` (see the class docstring), and every option
         redis-py's own ``from_url`` takes (``db``, ``password``, ``username``,
         ``protocol``, ``socket_timeout``, ``client_name``, the ``ssl_*``
         options…), passed on as written. Refused, because they would turn

@@ -98,6 +98,7 @@ OUR_OPTIONS: dict[str, Callable[[str], Any]] = {
     "max_attempts": to_int(1),
     "stream_maxlen": to_int(1),
     "claim_idle_ms": to_int(1),
+    "dedupe_window_ms": to_int(1),
     "max_concurrency": to_int(1),
 }
 

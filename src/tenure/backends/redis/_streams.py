@@ -1,20 +1,21 @@
 """The event half of the Redis backend: topics are Redis Streams, groups are
 consumer groups.
 
-Reading, acknowledging, reclaiming what a dead member left, and handing back
-what a leaving member had not finished (``lua/hand_back.lua``, one atomic
-step). Every command goes through the backend's connection, so a failure is a
-:class:`BackendUnavailable` and a reader retries with back-off.
+Publishing (``lua/publish.lua``: the entry, the dedupe guard and the backlog
+index in one atomic step), subscribing, handing back what a leaving member had
+not finished (``lua/hand_back.lua``), giving a group's unfinished entries back
+on request (``lua/reclaim.lua``), listing topics with a backlog
+(``lua/backlog.lua``) and flushing; the reader of a subscription is in
+``_reading``. Every command goes through the backend's connection, so a
+failure is a :class:`BackendUnavailable`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
 
@@ -22,20 +23,19 @@ from ..._contract import Capability
 from ..._errors import BackendUnavailable, InvalidArgument
 from ..._pubsub import Callback, Event, PubSub, check_callback, check_group, prepare_event
 from ..._validate import check_name
-from ._connection import RedisParts, _tag, load_script
+from ._connection import _tag, load_script
+from ._reading import _RETURNED, _RETURNED_IDLE_MS, StreamReader, _Sub
 
 __all__ = ["RedisStreams"]
 
 logger = logging.getLogger("tenure.redis")
 
 _HAND_BACK = load_script("hand_back")
-# The consumer that holds handed-back entries until a member reclaims them. Real
-# members are named "<instance hex>-<n>", so it cannot collide with one.
-_RETURNED = b"tenure.returned"
-# Idle time given to handed-back entries: far above any sensible claim_idle_ms,
-# yet below the server's clock in ms (Redis ignores an IDLE that would place the
-# delivery before the epoch).
-_RETURNED_IDLE_MS = 10 * 365 * 24 * 3600 * 1000
+_PUBLISH = load_script("publish")
+_RECLAIM = load_script("reclaim")
+_BACKLOG = load_script("backlog")
+# Topics checked by one run of backlog.lua: bounds how long one script blocks Redis.
+_BACKLOG_BATCH = 256
 
 
 def _parse_id(stream_id: bytes | str) -> tuple[int, int]:
@@ -44,35 +44,17 @@ def _parse_id(stream_id: bytes | str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _entries(reply: Any) -> list[tuple[bytes, Any]]:
-    """Stream entries from an ``XREADGROUP`` reply (RESP2 list or RESP3 map)."""
-    if not reply:
-        return []
-    streams = reply.values() if isinstance(reply, dict) else (s[1] for s in reply)
-    out: list[tuple[bytes, Any]] = []
-    for entries in streams:
-        out.extend((entry[0], entry[1]) for entry in entries)
-    return out
-
-
-@dataclass(eq=False)
-class _Sub:
-    topic: str
-    callback: Callback
-    stream: bytes
-    group: str
-    consumer: str
-    fanout: bool
-    task: asyncio.Task[None] | None = None
-    # Set by unsubscribe: from then on the reader hands nothing to the callback.
-    stopped: bool = False
-
-
-class RedisStreams(RedisParts, PubSub):
+class RedisStreams(StreamReader, PubSub):
     """Durable pub/sub on Redis Streams; the guarantees are in the
     :class:`~tenure.backends.redis.RedisStreamsPubSub` docstring."""
 
-    capabilities = Capability.EVENTS | Capability.DURABLE_GROUPS
+    capabilities = (
+        Capability.EVENTS
+        | Capability.DURABLE_GROUPS
+        | Capability.DEDUPE
+        | Capability.RECLAIM
+        | Capability.BACKLOG
+    )
 
     # From the lease core, with which the backend combines this half.
     _closed: bool
@@ -82,10 +64,17 @@ class RedisStreams(RedisParts, PubSub):
         def _check_open(self) -> None: ...
 
     def _setup_streams(
-        self, *, max_attempts: int, stream_maxlen: int, claim_idle_ms: int, block_ms: int
+        self,
+        *,
+        max_attempts: int,
+        stream_maxlen: int,
+        claim_idle_ms: int,
+        block_ms: int,
+        dedupe_window_ms: int,
     ) -> None:
         self._max_attempts = max_attempts
         self._stream_maxlen = stream_maxlen
+        self._dedupe_window_ms = dedupe_window_ms
         self._claim_idle_ms = claim_idle_ms
         self._block_ms = block_ms
         self._subs: dict[str, dict[Callback, _Sub]] = {}
@@ -95,22 +84,99 @@ class RedisStreams(RedisParts, PubSub):
     def _stream_key(self, topic: str) -> bytes:
         return self._p + b"{" + _tag(topic) + b"}:stream"
 
+    def _index_key(self, group: str) -> bytes:
+        """The backlog index of the named group ``group``: a set of topics.
+
+        Not in any stream's hash slot (see the class docstring).
+        """
+        return self._p + b"backlog:g:" + group.encode("utf-8")
+
     async def publish(self, topic: str, event: Event) -> Event:
+        """Store ``event`` on ``topic``; with a caller-given ``id``, at most once
+        per ``dedupe_window_ms`` (a retry returns the first event, stores nothing)."""
         check_name(topic, "topic")
+        given = isinstance(event, Event) and bool(event.id)
         event = prepare_event(event)
         self._check_open()
-        payload: dict[Any, Any] = {b"e": event.to_json().encode("utf-8")}
-        stream_id = await self._io(
-            self._client.xadd,
-            self._stream_key(topic),
-            payload,
-            maxlen=self._stream_maxlen,
-            approximate=True,
+        assert event.id is not None
+        stream = self._stream_key(topic)
+        keys = [stream]
+        if given:
+            # Next to the stream (same hash slot); the id as written, any text.
+            keys.append(stream[: -len(b"stream")] + b"id:" + event.id.encode("utf-8"))
+        stored, value = await self._eval(
+            _PUBLISH,
+            keys,
+            (
+                event.to_json().encode("utf-8"),
+                self._stream_maxlen,
+                topic.encode("utf-8"),
+                self._p + b"backlog:",
+                self._dedupe_window_ms,
+            ),
         )
-        parsed = _parse_id(stream_id)
+        if not stored:
+            return Event.from_json(value)
+        parsed = _parse_id(value)
         if parsed > self._published.get(topic, (0, 0)):
             self._published[topic] = parsed
         return event
+
+    async def reclaim(self, topic: str, group: str) -> int:
+        """Give every event of ``group`` on ``topic`` that a member (alive or
+        dead) was delivered and did not acknowledge back to the group now.
+
+        One script (``lua/reclaim.lua``), one round trip; returns how many came
+        back, 0 if the topic or the group does not exist. See the class
+        docstring for the order and for what a late ack or raise does.
+        """
+        check_name(topic, "topic")
+        check_name(group, "group")
+        self._check_open()
+        try:
+            moved: int = await self._eval(
+                _RECLAIM,
+                (self._stream_key(topic),),
+                (f"g:{group}", _RETURNED, _RETURNED_IDLE_MS),
+            )
+        except BackendUnavailable as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ResponseError) and "NOGROUP" in str(cause):
+                return 0
+            raise
+        return moved
+
+    async def backlog(self, prefix: str, group: str) -> list[str]:
+        """The topics starting with ``prefix`` whose ``group`` has events not yet
+        acknowledged (unread, or delivered and not acknowledged).
+
+        Reads the group's backlog index (``SMEMBERS``), then checks the topics
+        that match, at most 256 per run of ``lua/backlog.lua``, which drops the
+        drained ones from the index. Cost: 1 + ceil(m / 256) round trips and
+        O(n + m * groups per topic) work in Redis, n being the index's size (the
+        group's topics, of any prefix, with events published since a call with a
+        matching prefix last found them drained) and m the matching ones: idle
+        topics cost nothing once a call has seen them drained.
+        """
+        if not isinstance(prefix, str):
+            raise InvalidArgument(f"prefix must be a str, got {type(prefix).__name__}")
+        check_name(group, "group")
+        self._check_open()
+        index = self._index_key(group)
+        members = await self._io(self._client.smembers, index)
+        topics = sorted(
+            topic for topic in (m.decode("utf-8") for m in members) if topic.startswith(prefix)
+        )
+        out: list[str] = []
+        for start in range(0, len(topics), _BACKLOG_BATCH):
+            batch = topics[start : start + _BACKLOG_BATCH]
+            busy = await self._eval(
+                _BACKLOG,
+                (index, *(self._stream_key(t) for t in batch)),
+                (f"g:{group}", *(t.encode("utf-8") for t in batch)),
+            )
+            out.extend(b.decode("utf-8") for b in busy)
+        return out
 
     async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
         """Deliver ``topic`` to ``callback``: every event (no ``group``) or a share of the group's.
@@ -148,22 +214,15 @@ class RedisStreams(RedisParts, PubSub):
             self._read_loop(sub), name=f"tenure-redis-{topic}"
         )
 
-    async def _create_group(self, sub: _Sub) -> None:
-        try:
-            await self._io(self._client.xgroup_create, sub.stream, sub.group, "$", mkstream=True)
-        except BackendUnavailable as exc:
-            cause = exc.__cause__
-            if not (isinstance(cause, ResponseError) and "BUSYGROUP" in str(cause)):
-                raise
-
     async def unsubscribe(self, topic: str, callback: Callback) -> None:
         """Stop ``callback``; a fan-out subscription's private group is destroyed.
 
         In a named group, the events this member was given but had not
         acknowledged (one being handled at that moment, or read but not yet
         handed to the callback) are handed back to the group before this
-        returns: each member reclaims them at its next look (when it
-        subscribes, then at least every ``min(block_ms, claim_idle_ms / 2)``),
+        returns: each member takes them at its next look (when it subscribes,
+        after each read that returned newer entries, and at least every
+        ``min(block_ms, claim_idle_ms / 2)``),
         without waiting for ``claim_idle_ms``, and with the delivery that was
         not finished not counted in ``attempt``. The member is then removed
         from the group. Raises :class:`BackendUnavailable` if Redis could not
@@ -266,160 +325,6 @@ class RedisStreams(RedisParts, PubSub):
             if not busy:
                 return
             await asyncio.sleep(0.005)
-
-    async def _read_loop(self, sub: _Sub) -> None:
-        loop = asyncio.get_running_loop()
-        client = self._client
-        backoff = 0.05
-        next_claim = loop.time()
-        # Entries handed back by a leaving member are claimable at once: look for
-        # them at least once per blocking read, not only every claim_idle_ms / 2.
-        claim_every = min(self._claim_idle_ms / 2000, self._block_ms / 1000)
-        # After a failure, first re-read this consumer's own pending entries: a
-        # lost XREADGROUP reply or XACK leaves them there, and ">" never
-        # returns them again.
-        history = False
-        while not sub.stopped:
-            try:
-                if not sub.fanout and loop.time() >= next_claim:
-                    next_claim = loop.time() + claim_every
-                    await self._reclaim(sub)
-                if history:
-                    await self._redeliver_own(sub)
-                    history = False
-                reply = await self._io(
-                    client.xreadgroup,
-                    sub.group,
-                    sub.consumer,
-                    {sub.stream: ">"},
-                    count=64,
-                    block=self._block_ms,
-                    blocking=True,
-                )
-                backoff = 0.05
-                for entry_id, fields in _entries(reply):
-                    await self._handle(sub, entry_id, fields, 1)
-            except BackendUnavailable as exc:
-                history = True
-                cause = exc.__cause__
-                if isinstance(cause, ResponseError) and "NOGROUP" in str(cause):
-                    # The stream or group vanished (deleted, or a restart without
-                    # persistence): start again at the end of the stream.
-                    logger.warning(
-                        "consumer group of topic %r disappeared; recreating it", sub.topic
-                    )
-                    with contextlib.suppress(BackendUnavailable):
-                        await self._create_group(sub)
-                    continue
-                logger.warning(
-                    "reading topic %r from Redis at %s failed (%s); retrying in %.2f s",
-                    sub.topic,
-                    self._where,
-                    exc,
-                    backoff,
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-
-    async def _redeliver_own(self, sub: _Sub) -> None:
-        """Handle the entries this consumer was given but never acknowledged."""
-        client = self._client
-        while True:
-            pending = await self._io(
-                client.xpending_range, sub.stream, sub.group, "-", "+", 64, sub.consumer
-            )
-            if not pending:
-                return
-            counts = {p["message_id"]: int(p["times_delivered"]) for p in pending}
-            # XCLAIM to ourselves bumps the delivery count and returns the entries.
-            claimed = await self._io(
-                client.xclaim, sub.stream, sub.group, sub.consumer, 0, list(counts)
-            )
-            for entry_id, fields in claimed or ():
-                await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
-            if len(pending) < 64:
-                return
-
-    async def _reclaim(self, sub: _Sub) -> None:
-        """Take over events that other consumers of the group left unacknowledged."""
-        client = self._client
-        pending = await self._io(
-            client.xpending_range, sub.stream, sub.group, "-", "+", 64, idle=self._claim_idle_ms
-        )
-        counts = {
-            p["message_id"]: int(p["times_delivered"])
-            for p in pending
-            if p["consumer"] != sub.consumer.encode("utf-8")
-        }
-        if not counts:
-            return
-        claimed = await self._io(
-            client.xclaim, sub.stream, sub.group, sub.consumer, self._claim_idle_ms, list(counts)
-        )
-        for entry_id, fields in claimed or ():
-            await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
-
-    async def _handle(self, sub: _Sub, entry_id: bytes, fields: Any, attempt: int) -> None:
-        if sub.stopped:
-            return  # left pending: unsubscribe hands it back to the group
-        client = self._client
-        raw = fields.get(b"e") if isinstance(fields, dict) else None
-        event: Event | None = None
-        if raw is not None:
-            try:
-                event = Event.from_json(raw, attempt=attempt)
-            except (ValueError, KeyError, TypeError):
-                logger.error(
-                    "topic %r: entry %r is not a tenure event; dropping it", sub.topic, entry_id
-                )
-        if event is not None and event.attempt > self._max_attempts:
-            logger.error(
-                "topic %r: event %s was delivered %d times without success; dropping it",
-                sub.topic,
-                event.id,
-                event.attempt - 1,
-            )
-            event = None
-        while event is not None:
-            try:
-                await sub.callback(event)
-            except Exception:
-                if event.attempt >= self._max_attempts:
-                    logger.error(
-                        "callback for topic %r raised on event %s %d times; dropping it",
-                        sub.topic,
-                        event.id,
-                        event.attempt,
-                        exc_info=True,
-                    )
-                    break
-                logger.warning(
-                    "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
-                    sub.topic,
-                    event.id,
-                    event.attempt,
-                    self._max_attempts,
-                    exc_info=True,
-                )
-                event = replace(event, attempt=event.attempt + 1)
-                # Record the attempt in the group (and reset the idle time) so a
-                # crash now resumes with the right count and nobody steals it.
-                with contextlib.suppress(BackendUnavailable):
-                    await self._io(
-                        client.xclaim,
-                        sub.stream,
-                        sub.group,
-                        sub.consumer,
-                        0,
-                        [entry_id],
-                        retrycount=event.attempt,
-                        justid=True,
-                    )
-            else:
-                break
-        # CancelledError skips this: the event stays pending, and in a named
-        # group another member claims it.
-        await self._io(client.xack, sub.stream, sub.group, entry_id)
 
     # -- closing ---------------------------------------------------------------
 

@@ -1,0 +1,260 @@
+"""How a member of a Redis consumer group reads: the reader task of one
+subscription, taking over what others left (in id order, before new entries),
+handing entries to the callback, retrying and acknowledging them.
+
+Acknowledging and retrying are scripts (``lua/ack.lua``, ``lua/retry.lua``)
+that act only while this consumer still holds the entry: once a reclaim (or a
+hand-back, or another member after ``claim_idle_ms``) has taken it away, the
+old delivery settles nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from ..._errors import BackendUnavailable
+from ..._pubsub import Callback, Event
+from ._connection import RedisParts, load_script
+
+__all__ = ["StreamReader"]
+
+logger = logging.getLogger("tenure.redis")
+
+_ACK = load_script("ack")
+_RETRY = load_script("retry")
+# The consumer that holds handed-back and reclaimed entries until a member takes
+# them. Real members are named "<instance hex>-<n>", so it cannot collide with one.
+_RETURNED = b"tenure.returned"
+# Idle time given to handed-back entries: far above any sensible claim_idle_ms,
+# yet below the server's clock in ms (Redis ignores an IDLE that would place the
+# delivery before the epoch).
+_RETURNED_IDLE_MS = 10 * 365 * 24 * 3600 * 1000
+
+
+def _entries(reply: Any) -> list[tuple[bytes, Any]]:
+    """Stream entries from an ``XREADGROUP`` reply (RESP2 list or RESP3 map)."""
+    if not reply:
+        return []
+    streams = reply.values() if isinstance(reply, dict) else (s[1] for s in reply)
+    out: list[tuple[bytes, Any]] = []
+    for entries in streams:
+        out.extend((entry[0], entry[1]) for entry in entries)
+    return out
+
+
+@dataclass(eq=False)
+class _Sub:
+    topic: str
+    callback: Callback
+    stream: bytes
+    group: str
+    consumer: str
+    fanout: bool
+    task: asyncio.Task[None] | None = None
+    # Set by unsubscribe: from then on the reader hands nothing to the callback.
+    stopped: bool = False
+
+
+class StreamReader(RedisParts):
+    """The reading half of :class:`~tenure.backends.redis._streams.RedisStreams`."""
+
+    _max_attempts: int
+    _claim_idle_ms: int
+    _block_ms: int
+
+    async def _create_group(self, sub: _Sub) -> None:
+        try:
+            await self._io(self._client.xgroup_create, sub.stream, sub.group, "$", mkstream=True)
+        except BackendUnavailable as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, ResponseError) and "BUSYGROUP" in str(cause)):
+                raise
+
+    async def _read_loop(self, sub: _Sub) -> None:
+        loop = asyncio.get_running_loop()
+        client = self._client
+        backoff = 0.05
+        next_claim = loop.time()
+        # Entries handed back by a leaving member are claimable at once: look for
+        # them at least once per blocking read, not only every claim_idle_ms / 2
+        # (and after every read that returned entries, see below).
+        claim_every = min(self._claim_idle_ms / 2000, self._block_ms / 1000)
+        # After a failure, first re-read this consumer's own pending entries: a
+        # lost XREADGROUP reply or XACK leaves them there, and ">" never
+        # returns them again.
+        history = False
+        while not sub.stopped:
+            try:
+                if not sub.fanout and loop.time() >= next_claim:
+                    next_claim = loop.time() + claim_every
+                    await self._take(sub)
+                if history:
+                    await self._redeliver_own(sub)
+                    history = False
+                reply = await self._io(
+                    client.xreadgroup,
+                    sub.group,
+                    sub.consumer,
+                    {sub.stream: ">"},
+                    count=64,
+                    block=self._block_ms,
+                    blocking=True,
+                )
+                backoff = 0.05
+                entries = _entries(reply)
+                if entries and not sub.fanout:
+                    # Entries given back while this read was blocked are older
+                    # than the new ones: they go first.
+                    await self._take(sub, _RETURNED)
+                for entry_id, fields in entries:
+                    await self._handle(sub, entry_id, fields, 1)
+            except BackendUnavailable as exc:
+                history = True
+                cause = exc.__cause__
+                if isinstance(cause, ResponseError) and "NOGROUP" in str(cause):
+                    # The stream or group vanished (deleted, or a restart without
+                    # persistence): start again at the end of the stream.
+                    logger.warning(
+                        "consumer group of topic %r disappeared; recreating it", sub.topic
+                    )
+                    with contextlib.suppress(BackendUnavailable):
+                        await self._create_group(sub)
+                    continue
+                logger.warning(
+                    "reading topic %r from Redis at %s failed (%s); retrying in %.2f s",
+                    sub.topic,
+                    self._where,
+                    exc,
+                    backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def _redeliver_own(self, sub: _Sub) -> None:
+        """Handle the entries this consumer was given but never acknowledged."""
+        client = self._client
+        while True:
+            pending = await self._io(
+                client.xpending_range, sub.stream, sub.group, "-", "+", 64, sub.consumer
+            )
+            if not pending:
+                return
+            counts = {p["message_id"]: int(p["times_delivered"]) for p in pending}
+            # XCLAIM to ourselves bumps the delivery count and returns the entries.
+            claimed = await self._io(
+                client.xclaim, sub.stream, sub.group, sub.consumer, 0, list(counts)
+            )
+            for entry_id, fields in claimed or ():
+                await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
+            if len(pending) < 64:
+                return
+
+    async def _take(self, sub: _Sub, holder: bytes | None = None) -> None:
+        """Take over, in id order, the entries other consumers of the group (or
+        only ``holder``) left unacknowledged for ``claim_idle_ms``; handed-back and
+        reclaimed entries qualify at once. Handles every one before returning."""
+        client = self._client
+        me = sub.consumer.encode("utf-8")
+        start: bytes | str = "-"
+        while not sub.stopped:
+            pending = await self._io(
+                client.xpending_range,
+                sub.stream,
+                sub.group,
+                start,
+                "+",
+                64,
+                consumername=holder,
+                idle=self._claim_idle_ms,
+            )
+            counts = {
+                p["message_id"]: int(p["times_delivered"]) for p in pending if p["consumer"] != me
+            }
+            if counts:
+                # The min-idle makes a race with another member's claim harmless:
+                # the first claim resets the idle time, so the second takes nothing.
+                claimed = await self._io(
+                    client.xclaim,
+                    sub.stream,
+                    sub.group,
+                    sub.consumer,
+                    self._claim_idle_ms,
+                    list(counts),
+                )
+                for entry_id, fields in claimed or ():
+                    await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
+            if len(pending) < 64:
+                return
+            start = b"(" + pending[-1]["message_id"]
+
+    async def _handle(self, sub: _Sub, entry_id: bytes, fields: Any, attempt: int) -> None:
+        if sub.stopped:
+            return  # left pending: unsubscribe hands it back to the group
+        raw = fields.get(b"e") if isinstance(fields, dict) else None
+        event: Event | None = None
+        if raw is not None:
+            try:
+                event = Event.from_json(raw, attempt=attempt)
+            except (ValueError, KeyError, TypeError):
+                logger.error(
+                    "topic %r: entry %r is not a tenure event; dropping it", sub.topic, entry_id
+                )
+        if event is not None and event.attempt > self._max_attempts:
+            logger.error(
+                "topic %r: event %s was delivered %d times without success; dropping it",
+                sub.topic,
+                event.id,
+                event.attempt - 1,
+            )
+            event = None
+        while event is not None:
+            try:
+                await sub.callback(event)
+            except Exception:
+                if event.attempt >= self._max_attempts:
+                    logger.error(
+                        "callback for topic %r raised on event %s %d times; dropping it",
+                        sub.topic,
+                        event.id,
+                        event.attempt,
+                        exc_info=True,
+                    )
+                    break
+                logger.warning(
+                    "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
+                    sub.topic,
+                    event.id,
+                    event.attempt,
+                    self._max_attempts,
+                    exc_info=True,
+                )
+                event = replace(event, attempt=event.attempt + 1)
+                # Record the attempt in the group (and reset the idle time) so a
+                # crash now resumes with the right count and nobody steals it.
+                # Unless it was taken away meanwhile: then its holder delivers it.
+                mine = 1
+                with contextlib.suppress(BackendUnavailable):
+                    mine = await self._eval(
+                        _RETRY,
+                        (sub.stream,),
+                        (sub.group, entry_id, sub.consumer, event.attempt),
+                    )
+                if not mine:
+                    logger.info(
+                        "topic %r: event %s was given back to the group; not retrying it here",
+                        sub.topic,
+                        event.id,
+                    )
+                    return
+            else:
+                break
+        # CancelledError skips this: the event stays pending, and in a named
+        # group another member claims it. An event taken away meanwhile (by a
+        # reclaim) is not acknowledged: it is its new holder's.
+        await self._eval(_ACK, (sub.stream,), (sub.group, entry_id, sub.consumer))
