@@ -342,15 +342,15 @@ async def test_arguments_are_checked_before_anything_is_sent(backend: MemoryPubS
 @pytest.mark.asyncio
 async def test_keys_with_nul_and_long_keys_are_distinct_threads(backend: MemoryPubSub) -> None:
     rec = Recorder()
-    # The lease key is "tenure.thread:" + the thread key, at most 1024 bytes.
-    long_a, long_b = "x" * 1009 + "a", "x" * 1009 + "b"
+    # Topics are "tenure.thread:" (or "tenure.thread#i:") + the key, at most 1024 bytes.
+    long_a, long_b = "x" * 1007 + "a", "x" * 1007 + "b"
     async with runtime(backend, rec) as rt:
         for key in ["res\0t1", "res\0t2", long_a, long_b]:
             await rt.send_signal(key, key[-2:])
         await wait_until(lambda: len(rec.handled) == 4)
         assert rt.lease_key(long_a) != rt.lease_key(long_b)
-        with pytest.raises(InvalidArgument, match="at most 1010 bytes"):
-            await rt.send_signal("x" * 1011, "too long")
+        with pytest.raises(InvalidArgument, match="at most 1008 bytes"):
+            await rt.send_signal("x" * 1009, "too long")
     assert sorted(t for t, _, _, _ in rec.handled) == sorted(["res\0t1", "res\0t2", long_a, long_b])
 
 

@@ -36,6 +36,20 @@ def test_the_reported_collision_is_gone() -> None:
     assert ThreadNames("app").name("v2:42") != ThreadNames("app:v2").name("42")
 
 
+@given(names_text, names_text, names_text, names_text)
+def test_control_topics_are_never_thread_names(
+    ns_a: str, key_a: str, ns_b: str, key_b: str
+) -> None:
+    try:
+        control = ThreadNames(ns_a).control(key_a)
+        names_b = ThreadNames(ns_b)
+        name_b = names_b.name(key_b)
+    except InvalidArgument:
+        return
+    assert control != name_b
+    assert names_b.thread_of(control) is None  # the sweep never takes it for a thread
+
+
 @pytest.mark.asyncio
 async def test_namespaces_never_see_each_others_signals() -> None:
     got: dict[str, list[Any]] = {"app": [], "app:v2": []}
@@ -145,10 +159,12 @@ async def test_interrupt_cancels_the_active_run_and_starts_one_with_the_new_sign
             await b.send_signal("t", "new")
             await eventually(lambda: any(p == "new" for _, p in seen))
             await asyncio.sleep(0.2)
-    assert interrupted == [True]
+    # Each newer signal interrupts the run before it; the newest runs to the end.
+    assert interrupted and all(interrupted)
     runs = [run for run, _ in seen]
     assert seen[0][1] == "slow" and seen[-1][1] == "new"
     assert runs[-1] != runs[0]  # the new signal started a new run
+    assert [p for _, p in seen].count("new") == 1
 
 
 def test_an_unknown_policy_is_refused() -> None:

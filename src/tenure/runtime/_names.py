@@ -1,10 +1,11 @@
 """Thread names: ``(namespace, thread_key)`` → one lease key and topic, injectively.
 
-The name is ``<escaped namespace>:<thread key>``, where the namespace has ``%``
-and ``:`` percent-escaped. The first ``:`` of a name therefore ends the
+The name is ``<escaped namespace>:<thread key>``, where the namespace has ``%``,
+``:`` and ``#`` percent-escaped. The first ``:`` of a name therefore ends the
 namespace, so two different pairs never share a name (``("app", "v2:42")`` and
 ``("app:v2", "42")`` map to ``app:v2:42`` and ``app%3Av2:42``), and the thread
-key is read back from a name by splitting there.
+key is read back from a name by splitting there. A thread's *control* topic
+(interrupts) is ``<escaped namespace>#i:<thread key>``: never a thread's name.
 """
 
 from __future__ import annotations
@@ -16,19 +17,21 @@ __all__ = ["ThreadNames", "escape_namespace"]
 
 
 def escape_namespace(namespace: str) -> str:
-    return namespace.replace("%", "%25").replace(":", "%3A")
+    return namespace.replace("%", "%25").replace(":", "%3A").replace("#", "%23")
 
 
 class ThreadNames:
     """The names of one namespace's threads."""
 
-    __slots__ = ("_budget", "namespace", "prefix")
+    __slots__ = ("_budget", "_control", "namespace", "prefix")
 
     def __init__(self, namespace: str) -> None:
         self.namespace = check_name(namespace, "namespace")
         #: Every name of the namespace starts with it (and no other namespace's does).
-        self.prefix = escape_namespace(namespace) + ":"
-        self._budget = MAX_NAME_BYTES - len(self.prefix.encode("utf-8"))
+        escaped = escape_namespace(namespace)
+        self.prefix = escaped + ":"
+        self._control = escaped + "#i:"
+        self._budget = MAX_NAME_BYTES - len(self._control.encode("utf-8"))
         if self._budget < 1:
             raise InvalidArgument(
                 f"namespace must leave room for thread keys: at most {MAX_NAME_BYTES - 2} "
@@ -42,10 +45,15 @@ class ThreadNames:
         if size > self._budget:
             raise InvalidArgument(
                 f"thread_key must be at most {self._budget} bytes in UTF-8 in namespace "
-                f"{self.namespace!r} (the lease key is the namespace, ':' and the thread key, "
-                f"at most {MAX_NAME_BYTES} bytes), got {size}"
+                f"{self.namespace!r} (its topics are the namespace, a separator and the thread "
+                f"key, at most {MAX_NAME_BYTES} bytes), got {size}"
             )
         return self.prefix + thread_key
+
+    def control(self, thread_key: str) -> str:
+        """The topic on which senders ask the owner of ``thread_key`` to interrupt its run."""
+        self.name(thread_key)
+        return self._control + thread_key
 
     def thread_of(self, name: str) -> str | None:
         """The thread key whose name is ``name``, or ``None`` if it is not of this namespace."""

@@ -107,7 +107,7 @@ from .._lifecycle import AsyncCloseable
 from .._pubsub import Event
 from .._validate import check_name, check_timeout, check_ttl
 from ._names import ThreadNames
-from ._session import CLOSE_MARKER, GROUP, SIGNAL_TYPE, Session, ThreadRun, run_of
+from ._session import CLOSE_MARKER, GROUP, INTERRUPT, SIGNAL_TYPE, Session, ThreadRun, run_of
 from ._types import EventKind, OnEvent, Policy, RuntimeEvent, SendResult
 
 __all__ = ["CLOSE_MARKER", "GROUP", "SIGNAL_TYPE", "ThreadRun", "ThreadRuntime"]
@@ -398,7 +398,9 @@ class ThreadRuntime(AsyncCloseable):
             if session is not None and not session.done:
                 if self.policy == "reject" and session.run is not None:
                     return self._rejected(thread_key, session.run_id, signal_id)
-                await self.log.publish(name, event)
+                stored = await self.log.publish(name, event)
+                if self.policy == "interrupt":
+                    session.interrupt(signal_id, stored.created_at or time.time())
                 if session.closing:
                     session.late_send = True
                 self.emit("deliver", thread_key, run_id=session.run_id, signal_id=signal_id)
@@ -406,7 +408,7 @@ class ThreadRuntime(AsyncCloseable):
             if self.policy != "reject" and name in self._known:
                 # The thread's group exists: make the signal durable first, so its
                 # delivery does not wait for the lease round trip.
-                await self.log.publish(name, event)
+                stored = await self.log.publish(name, event)
                 try:
                     started, owner = await self._try_start(thread_key, "wake", signal_id)
                 except TenureError as exc:
@@ -432,8 +434,17 @@ class ThreadRuntime(AsyncCloseable):
                         pause = min(pause * 2, 0.05)
                         continue
                     break
-                await self.log.publish(name, event)
+                stored = await self.log.publish(name, event)
                 self._remember(name)
+            if self.policy == "interrupt":
+                # The owner reads signals one at a time: tell it at once, out of band.
+                await self.log.publish(
+                    self.names.control(thread_key),
+                    Event(
+                        type=INTERRUPT,
+                        data={"signal": signal_id, "sent_at": stored.created_at},
+                    ),
+                )
             run_id = run_of(owner)
             self.emit("deliver", thread_key, run_id=run_id, signal_id=signal_id)
             return SendResult("deliver", run_id, signal_id, thread_key)

@@ -19,12 +19,22 @@ from ._types import EventKind, Signal
 if TYPE_CHECKING:
     from ._runtime import ThreadRuntime
 
-__all__ = ["CLOSE_MARKER", "GROUP", "SIGNAL_TYPE", "Session", "ThreadRun", "run_of", "session_of"]
+__all__ = [
+    "CLOSE_MARKER",
+    "GROUP",
+    "INTERRUPT",
+    "SIGNAL_TYPE",
+    "Session",
+    "ThreadRun",
+    "run_of",
+    "session_of",
+]
 
 logger = logging.getLogger("tenure.runtime")
 
 SIGNAL_TYPE = "tenure.signal"
 CLOSE_MARKER = "tenure.runtime.close"
+INTERRUPT = "tenure.runtime.interrupt"
 GROUP = "tenure.runtime"
 
 
@@ -203,6 +213,10 @@ class Session:
         self.run: ThreadRun | None = None
         self.main_task: asyncio.Task[None] | None = None
         self.subscribed = False
+        self.control = rt.names.control(thread_key) if rt.policy == "interrupt" else None
+        # Set by an interrupt whose signal has not arrived yet: (its id, its send time).
+        self.skip_until: tuple[str, float] | None = None
+        self.control_subscribed = False
         # The event still to emit when the first run starts (a watcher's "takeover").
         self.announce: EventKind | None = None
         self.previous: str | None = None
@@ -227,12 +241,12 @@ class Session:
             sent_at=event.created_at or 0.0,
             attempt=event.attempt,
         )
+        if self._skipped(signal):
+            return  # acknowledged unhandled: an interrupt came after it
         pending = self.inflight.get(signal.id)
         if pending is None:
             pending = _Pending(signal, asyncio.get_running_loop().create_future())
             self.inflight[signal.id] = pending
-            if self.rt.policy == "interrupt":
-                self._interrupt_for(pending)
             self.buffer.append(pending)
             self.arrived.set()
         # else: delivered again while we still hold it (a backend reclaiming an idle
@@ -301,6 +315,9 @@ class Session:
                 )
             await rt.log.subscribe(self.topic, self.on_event, group=GROUP)
             self.subscribed = True
+            if self.control is not None:
+                await rt.log.subscribe(self.control, self.on_control)
+                self.control_subscribed = True
             if self.owner.endswith(".0"):
                 opened = f"{self.owner[:-2]}.1"
                 async with self.renewer.paused():
@@ -314,6 +331,8 @@ class Session:
         except BaseException as exc:
             self.done = True
             with contextlib.suppress(TenureError):
+                if self.control_subscribed and self.control is not None:
+                    await rt.log.unsubscribe(self.control, self.on_control)
                 if self.subscribed:
                     await rt.log.unsubscribe(self.topic, self.on_event)
                 await self.renewer.stop(final=True)
@@ -396,23 +415,54 @@ class Session:
             return False
         return True
 
-    def _interrupt_for(self, pending: _Pending) -> None:
-        """A new signal arrived under the ``interrupt`` policy: stop the active run for it.
+    async def on_control(self, event: Event) -> None:
+        """A sender asks for an interrupt (the ``interrupt`` policy; a fan-out subscription)."""
+        data = event.data if isinstance(event.data, dict) else {}
+        signal_id, sent_at = data.get("signal"), data.get("sent_at")
+        if isinstance(signal_id, str) and isinstance(sent_at, int | float):
+            self.interrupt(signal_id, float(sent_at))
+
+    def interrupt(self, signal_id: str, sent_at: float) -> None:
+        """Stop the active run for the newer signal ``signal_id`` (sent at ``sent_at``).
 
         The run is cancelled (``run.interrupted`` is set first); the signal it was
-        handling and the ones still waiting before the new one are acknowledged
-        unhandled, so the next run starts with the new signal.
+        handling and the ones sent before ``signal_id`` that have not run yet are
+        acknowledged unhandled, so the next run starts with ``signal_id``.
         """
         run, task = self.run, self.run_task
         if run is None or task is None or task.done() or run.interrupted:
             return
+        current = run._current
+        if current is not None and current.signal.id == signal_id:
+            return  # already the one being handled
+        if signal_id not in self.inflight:
+            self.skip_until = (signal_id, sent_at)
         run.interrupted = True
-        skipped = list(self.buffer)
-        self.buffer.clear()
+        # What waits here was sent before the interrupting signal (log order).
+        waiting = [p.signal.id for p in self.buffer]
+        cut = waiting.index(signal_id) if signal_id in waiting else len(waiting)
+        skipped = [self.buffer.popleft() for _ in range(cut)]
         for old in skipped:
             _settle(old, "ack")
-        run.emit("interrupted", pending.signal.id, f"{len(skipped)} waiting signal(s) skipped")
-        task.cancel(f"interrupted by signal {pending.signal.id}")
+        run.emit("interrupted", signal_id, f"{len(skipped)} waiting signal(s) skipped")
+        task.cancel(f"interrupted by signal {signal_id}")
+
+    def _skipped(self, signal: Signal) -> bool:
+        """Whether ``signal`` is one an interrupt skips (sent before the interrupting one)."""
+        if self.skip_until is None:
+            return False
+        signal_id, sent_at = self.skip_until
+        if signal.id == signal_id or signal.sent_at > sent_at:
+            self.skip_until = None  # the interrupting signal, or a newer one: back to normal
+            return False
+        self.rt.emit(
+            "interrupted",
+            self.thread_key,
+            run_id=self.run_id,
+            signal_id=signal.id,
+            detail="skipped",
+        )
+        return True
 
     async def _run_once(self) -> None:
         rt = self.rt
@@ -521,6 +571,8 @@ class Session:
             _settle(self.buffer.popleft(), "abandon")
         for pending in list(self.inflight.values()):
             _settle(pending, "abandon")
+        if self.control_subscribed and self.control is not None:
+            await rt.unsubscribe(self.control, self.on_control, self.thread_key)
         if self.subscribed:
             # The backend hands the signals this session had not acknowledged back to
             # the group here; the lease is still held (and renewed) meanwhile, so the
