@@ -68,6 +68,14 @@ acknowledged once handled (the handler asks for the next one, or returns).
 When a run returns with signals waiting, the lease moves to the next run with
 ``transfer_lease``: the key is never free and the token increases.
 
+*Interrupts.* Under the ``interrupt`` policy a sender that does not own the
+thread also publishes an interrupt request on the thread's *control* topic
+(``<namespace>#i:<thread key>``, fan-out), to which the owner's session
+subscribes: the owner reads signals one at a time, so it would otherwise see
+the new signal only after the run it should interrupt. Signals sent before the
+interrupting one that have not run yet are acknowledged unhandled (as judged by
+their senders' clocks when they arrive after the request).
+
 *Closing.* An idle session publishes a *close marker* and reads up to it, so
 every signal sent before it starts a run here. Then it unsubscribes (the backend
 hands back what it had not acknowledged) while still renewing, and releases. A
