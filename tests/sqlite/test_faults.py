@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
 
 from tenure import BackendUnavailable, Event
 from tenure.backends.sqlite import SqlitePubSub
+from tenure.testing import eventually
 
 from .conftest import Spawner
 
@@ -121,3 +123,65 @@ async def test_a_stopped_lock_holder_gives_a_clear_error_then_recovery(
         assert granted.acquired
         assert await backend.get_lease_owner("k") == "alice"
     assert integrity(db) == "ok"
+
+
+@pytest.mark.asyncio
+async def test_reclaim_takes_back_at_once_what_a_killed_member_held_first_and_in_order(
+    spawn: Spawner, db: str
+) -> None:
+    """A group member is SIGKILLed while handling events (the default 30 s redelivery
+    timeout): a new member that reclaims gets them at once, before a newer event, in
+    publish order, and ``backlog`` lists the topic until they are acknowledged."""
+    topic = "thread/one"
+    got: list[Event] = []
+    gate = asyncio.Event()
+
+    async def successor(event: Event) -> None:
+        got.append(event)
+        await gate.wait()
+
+    def taken_by_child() -> int:
+        conn = sqlite3.connect(db)
+        try:
+            value: int = conn.execute(
+                "SELECT count(*) FROM tenure_pending WHERE consumer IS NOT NULL"
+            ).fetchone()[0]
+            return value
+        finally:
+            conn.close()
+
+    async with SqlitePubSub(db) as backend:
+        await backend.get_lease_owner("warm-up")
+        doomed = await spawn("subscriber", db, topic, "g", "hang", "30")
+        assert await doomed.line() == {"ready": True}
+        sent = [await backend.publish(topic, Event(type="t", data=n)) for n in range(3)]
+        claimed = await doomed.line()  # handling the first; the others wait in its queue
+        assert (claimed["id"], claimed["attempt"]) == (sent[0].id, 1)
+        for _ in range(500):
+            if taken_by_child() == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert taken_by_child() == 3
+        doomed.send(signal.SIGKILL)
+        assert await doomed.wait() == -signal.SIGKILL
+        newer = await backend.publish(topic, Event(type="t", data=3))
+        assert await backend.backlog("thread/", "g") == [topic]
+
+        started = time.monotonic()
+        assert await backend.reclaim(topic, "g") == 3
+        await backend.subscribe(topic, successor, group="g")
+        await eventually(lambda: len(got) == 1, timeout=20)
+        assert await backend.backlog("thread/", "g") == [topic]  # not acknowledged yet
+        gate.set()
+        await eventually(lambda: len(got) == 4, timeout=20)
+        elapsed = time.monotonic() - started
+        assert elapsed < 5, elapsed  # not after the 30 s visibility timeout
+        assert [e.id for e in got] == [e.id for e in [*sent, newer]]
+        assert [e.attempt for e in got] == [2, 2, 2, 1]
+        await backend.flush()
+        for _ in range(100):
+            if await backend.backlog("thread/", "g") == []:
+                break
+            await asyncio.sleep(0.05)
+        assert await backend.backlog("thread/", "g") == []
+        await backend.unsubscribe(topic, successor)

@@ -160,6 +160,44 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     (default 10), and any event older than ``retention`` (default 7 days) is
     pruned even if unacknowledged, so the file does not grow without bound.
 
+    **Deduplication** (``DEDUPE``). A publish whose caller set ``event.id``
+    stores nothing if the topic's log still keeps an event with that id, and
+    returns that first event (same id, ``created_at`` and data). The check is a
+    unique index on (topic, id), inside the publishing transaction, so two
+    concurrent publishes of one id, from any processes, store one event. Such
+    events are kept (even acknowledged) for ``dedupe_window`` seconds after
+    their ``created_at`` (default 24 hours; at most ``retention``; removed by the
+    first prune after that), so a retry within that window is recognised. An
+    event that was not stored (its topic had no group) is not remembered.
+    Events without a caller id cost nothing more: they are not in the index.
+
+    **Reclaim** (``RECLAIM``). ``reclaim(topic, group)`` makes every event of
+    the named ``group`` that a member took (delivered or queued in that
+    member's process) and has not acknowledged claimable at once, without
+    waiting for ``visibility_timeout``; one write transaction. The next fetch
+    of any member takes such claims before new events, oldest first, as one
+    more attempt (``attempt`` = deliveries so far + 1; the ``max_attempts``
+    limit counts it). Returns how many; 0 if the topic or group does not exist.
+    Members of this instance fetch at once; members in other processes at
+    their next maintenance tick (at most ``min(0.5, visibility_timeout / 4)``
+    seconds). Every acknowledgement or failure names the delivery (consumer
+    and attempt) it settles, so one from a reclaimed delivery that ends late
+    changes nothing: the event is not lost and is delivered once more, to
+    the member that fetches it. A reclaimed member that is still alive stops
+    delivering the events it had queued but not started as soon as it notices
+    (at once in the reclaiming instance, at its next heartbeat, every
+    ``visibility_timeout / 3``, in another process); meant for a sole consumer
+    elected by a lease, whose predecessor is dead or has lost the lease.
+
+    **Backlog** (``BACKLOG``). ``backlog(prefix, group)`` lists the topics
+    starting with ``prefix`` whose ``group`` has events published after the
+    group was created and not yet taken, or taken and not acknowledged, in
+    one read (one snapshot: every event committed before the call counts; a
+    topic that drained meanwhile may be listed). Cost: one search of an index
+    that holds only groups with unread events (a trigger keeps each group's
+    newest event id), plus one pass over the claims in flight of all groups;
+    idle topics and their groups cost nothing.
+
     **Change detection.** SQLite has no notifications. While this instance has
     subscribers or lease waiters, its thread reads ``PRAGMA data_version`` every
     ``poll_interval`` seconds (default 0.01); that number changes when another
@@ -178,7 +216,15 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
 
     Options (keyword arguments or URL query parameters): ``busy_timeout_ms``,
     ``visibility_timeout``, ``max_attempts``, ``poll_interval``,
-    ``prune_interval``, ``retention``, ``synchronous`` (``normal`` or ``full``).
+    ``prune_interval``, ``retention``, ``dedupe_window``, ``synchronous``
+    (``normal`` or ``full``).
+
+    **Files of earlier versions** are brought up to date by the first
+    connection that opens them (a new column per table, indexes and a trigger,
+    in one write transaction; ``PRAGMA user_version`` records it). Processes of
+    the earlier version may keep using the file (the trigger serves their
+    publishes too); their events are never deduplicated, and their pruning
+    may drop the events kept for deduplication before ``dedupe_window``.
     """
 
     capabilities = (
@@ -188,6 +234,9 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
         | Capability.ATOMIC_TRANSFER
         | Capability.EVENTS
         | Capability.DURABLE_GROUPS
+        | Capability.DEDUPE
+        | Capability.RECLAIM
+        | Capability.BACKLOG
     )
 
     def __init__(

@@ -25,7 +25,17 @@ from typing import Any, TypeVar
 
 from ..._errors import BackendUnavailable
 
-__all__ = ["CHUNK", "SYNCHRONOUS", "Connected", "Options", "Worker", "in_list", "load_sql", "write"]
+__all__ = [
+    "CHUNK",
+    "SYNCHRONOUS",
+    "Connected",
+    "Options",
+    "Worker",
+    "create_schema",
+    "in_list",
+    "load_sql",
+    "write",
+]
 
 _T = TypeVar("_T")
 
@@ -53,7 +63,41 @@ def in_list(template: str, count: int) -> str:
     return template.replace(_KEYS_MARKER, ",".join("?" * count))
 
 
+def statements(script: str) -> list[str]:
+    """The statements of a script, each complete (a trigger body stays whole)."""
+    out: list[str] = []
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            out.append(pending.strip().removesuffix(";"))
+            pending = ""
+    if pending.strip():
+        raise ValueError(f"incomplete SQL statement: {pending.strip()!r}")
+    return out
+
+
 _SCHEMA = load_sql("schema")
+_SCHEMA_VERSION = load_sql("schema_version")
+# Migration n brings a file from version n - 1 to n; a file created by a
+# version before them has the tables of schema.sql and version 0.
+_MIGRATIONS = [statements(load_sql("schema_1"))]
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    """Create the tables, or bring those of a file made by an earlier version up to date.
+
+    Safe when several processes open a new or old file at once: each migration
+    runs in one write transaction, after the version is read again inside it.
+    """
+    conn.executescript(_SCHEMA)
+    if conn.execute(_SCHEMA_VERSION).fetchone()[0] >= len(_MIGRATIONS):
+        return
+    with write(conn):
+        version: int = conn.execute(_SCHEMA_VERSION).fetchone()[0]
+        for migration in _MIGRATIONS[version:]:
+            for statement in migration:
+                conn.execute(statement)
 
 
 @dataclass(frozen=True)
@@ -64,6 +108,7 @@ class Options:
     poll_interval: float = 0.01
     prune_interval: float = 10.0
     retention: float = 7 * 86400.0
+    dedupe_window: float = 86400.0
     synchronous: str = "normal"
 
 
@@ -223,7 +268,7 @@ class Worker:
             if str(mode).lower() != "wal":
                 raise sqlite3.OperationalError(f"cannot switch the journal to WAL (got {mode!r})")
             conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS[self.opts.synchronous]}")
-            conn.executescript(_SCHEMA)
+            create_schema(conn)
             # The baseline for change detection, taken before any read of this
             # connection, so no commit by another process can slip between.
             self.data_version = conn.execute("PRAGMA data_version").fetchone()[0]

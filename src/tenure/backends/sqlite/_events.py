@@ -9,6 +9,7 @@ pruning.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import time
@@ -26,6 +27,7 @@ __all__ = ["EventLog", "SqliteEvents"]
 logger = logging.getLogger("tenure.sqlite")
 
 _PUBLISH = load_sql("event_publish")
+_FIRST_EVENT = load_sql("event_first")
 _TOPIC_TOP = load_sql("event_top")
 _LAST_EVENT = load_sql("event_last")
 _FRESH_EVENTS = load_sql("event_fresh")
@@ -37,12 +39,16 @@ _ADVANCE_GROUP = load_sql("group_advance")
 _GROUP_ALIVE = load_sql("group_alive")
 _DELETE_GROUP = load_sql("group_delete")
 _PRUNE_DEAD_GROUPS = load_sql("group_prune_dead")
+_SKIP_PRUNED = load_sql("group_skip_pruned")
+_BACKLOG = load_sql("group_backlog")
 _ANY_DUE_CLAIM = load_sql("claim_any_due")
 _DUE_CLAIMS = load_sql("claim_due")
 _TAKE_CLAIM = load_sql("claim_take")
 _NEW_CLAIM = load_sql("claim_new")
 _DELETE_CLAIM = load_sql("claim_delete")
+_ACK_CLAIM = load_sql("claim_ack")
 _RETRY_CLAIM = load_sql("claim_retry")
+_RECLAIM = load_sql("claim_reclaim")
 _EXTEND_CLAIM = load_sql("claim_extend")
 _HAND_BACK_CLAIM = load_sql("claim_hand_back")
 _DELETE_GROUP_CLAIMS = load_sql("claim_delete_group")
@@ -51,8 +57,11 @@ _PRUNE_ORPHAN_CLAIMS = load_sql("claim_prune_orphans")
 
 _BATCH = 100  # events claimed per fetch
 
-# (group id, event id, attempt): an acknowledgement (attempt None) or a failed attempt.
-_Ack = tuple[int, int, int | None]
+# (group id, event id, attempt delivered, failed): an acknowledgement, or a
+# failed attempt that the consumer delivers again itself.
+_Ack = tuple[int, int, int, bool]
+# Past every topic that starts with a given prefix: no UTF-8 text has a 0xFF byte.
+_PAST_ALL = b"\xff"
 
 
 class _Gone(Exception):
@@ -73,9 +82,11 @@ class _Group:
     cursor: int
     queue: asyncio.Queue[tuple[int, Event]] = field(default_factory=asyncio.Queue)
     workers: dict[Callback, asyncio.Task[None]] = field(default_factory=dict)
-    # Event ids this instance has claimed and not yet acknowledged or dropped;
-    # their visibility deadline is extended while this instance lives.
-    held: set[int] = field(default_factory=set)
+    # Event id -> attempt, for the claims this instance holds and has not yet
+    # acknowledged or dropped; their visibility deadline is extended while this
+    # instance lives. A queued event whose attempt is not (or no longer) here was
+    # reclaimed or taken by another member, and is not delivered.
+    held: dict[int, int] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     progress: asyncio.Event = field(default_factory=asyncio.Event)
     fetcher: asyncio.Task[None] | None = None
@@ -98,19 +109,29 @@ class EventLog:
         self.alive_for = alive_for
         self.next_prune = 0.0
 
-    def publish(self, conn: sqlite3.Connection, topic: bytes, body: str, created: float) -> None:
+    def publish(
+        self, conn: sqlite3.Connection, topic: bytes, body: str, created: float, source: str | None
+    ) -> str | None:
+        """Append an event; with a publisher-given id ``source`` already kept, the first's body."""
+        first = None
         with write(conn):
-            conn.execute(_PUBLISH, (topic, body, created))
+            stored = conn.execute(_PUBLISH, (topic, body, created, source)).rowcount
+            if not stored and source is not None:
+                row = conn.execute(_FIRST_EVENT, (topic, source)).fetchone()
+                first = None if row is None else row[0]
             now = time.time()
             if now >= self.next_prune:
                 self.prune(conn, now)
+        return first
 
     def prune(self, conn: sqlite3.Connection, now: float) -> None:
         self.next_prune = now + self.opts.prune_interval
         conn.execute(_PRUNE_DEAD_CLAIMS, (now,))
         conn.execute(_PRUNE_DEAD_GROUPS, (now,))
-        if conn.execute(_PRUNE_EVENTS, (now - self.opts.retention,)).rowcount:
+        oldest = (now - self.opts.retention, now - self.opts.dedupe_window)
+        if conn.execute(_PRUNE_EVENTS, oldest).rowcount:
             conn.execute(_PRUNE_ORPHAN_CLAIMS)
+            conn.execute(_SKIP_PRUNED)
 
     def join(self, conn: sqlite3.Connection, topic: bytes, name: bytes | None) -> tuple[int, int]:
         """Join (creating it at the log's end if needed) a group; its id and cursor."""
@@ -170,37 +191,80 @@ class EventLog:
 
     def settle(self, conn: sqlite3.Connection, acks: deque[_Ack]) -> None:
         """Write queued acknowledgements and failed attempts, up to 1000 at once."""
-        batch: list[_Ack] = []
-        while acks and len(batch) < 1000:
-            batch.append(acks.popleft())
-        if not batch:
-            return
+        if acks:
+            with write(conn):
+                self._write_acks(conn, acks, 1000)
+
+    def _write_acks(self, conn: sqlite3.Connection, acks: deque[_Ack], most: int) -> None:
+        """Inside a write transaction: up to ``most`` queued outcomes, oldest first.
+
+        Each names the delivery it settles (consumer and attempt), so one that a
+        reclaim or another member's take has replaced changes nothing.
+        """
         visible = time.time() + self.opts.visibility_timeout
-        with write(conn):
-            for gid, event_id, attempt in batch:
-                if attempt is None:
-                    conn.execute(_DELETE_CLAIM, (gid, event_id))
-                else:
-                    conn.execute(_RETRY_CLAIM, (attempt, visible, gid, event_id))
+        for _ in range(most):
+            if not acks:
+                return
+            gid, event_id, attempt, failed = acks.popleft()
+            if failed:
+                conn.execute(_RETRY_CLAIM, (visible, gid, event_id, self.consumer, attempt))
+            else:
+                conn.execute(_ACK_CLAIM, (gid, event_id, self.consumer, attempt))
 
     def heartbeat(
-        self, conn: sqlite3.Connection, held: list[tuple[int, int]], gids: list[int], prune: bool
-    ) -> None:
-        """Keep this consumer's claims and groups alive; prune if asked."""
+        self,
+        conn: sqlite3.Connection,
+        held: list[tuple[int, int, int]],
+        gids: list[int],
+        prune: bool,
+        acks: deque[_Ack],
+    ) -> list[tuple[int, int, int]]:
+        """Keep this consumer's claims (group, event, attempt) and groups alive; prune if asked.
+
+        Outcomes still queued are written first, so the attempts compared are
+        current. Returns the claims this consumer no longer holds (reclaimed, or
+        taken by another member after they timed out).
+        """
         now = time.time()
+        lost: list[tuple[int, int, int]] = []
         with write(conn):
-            conn.executemany(
-                _EXTEND_CLAIM,
-                [(now + self.opts.visibility_timeout, g, e, self.consumer) for g, e in held],
-            )
+            self._write_acks(conn, acks, len(acks))
+            visible = now + self.opts.visibility_timeout
+            for gid, event_id, attempt in held:
+                row = (visible, gid, event_id, self.consumer, attempt)
+                if not conn.execute(_EXTEND_CLAIM, row).rowcount:
+                    lost.append((gid, event_id, attempt))
             conn.executemany(_GROUP_ALIVE, [(now + self.alive_for, g) for g in gids])
             if prune:
                 self.prune(conn, now)
+        return lost
+
+    def reclaim(
+        self, conn: sqlite3.Connection, topic: bytes, name: bytes, acks: deque[_Ack]
+    ) -> list[tuple[int, int, str]]:
+        """Make every taken claim of a named group visible now; the claims as they were.
+
+        This consumer's queued outcomes are written first, so an event it
+        finished just before is not delivered again.
+        """
+        with write(conn):
+            self._write_acks(conn, acks, len(acks))
+            rows: list[tuple[int, int, str]] = conn.execute(_RECLAIM, (topic, name)).fetchall()
+        return rows
+
+    def backlog(
+        self, conn: sqlite3.Connection, name: bytes, low: bytes, high: bytes
+    ) -> list[bytes]:
+        """Topics in [low, high) whose group ``name`` has unread or unacknowledged events."""
+        return [topic for (topic,) in conn.execute(_BACKLOG, (name, low, high))]
 
     def leave(
         self, conn: sqlite3.Connection, gid: int, private: bool, unfinished: list[tuple[int, int]]
     ) -> None:
-        """Give up group ``gid``: forget a private group, hand back a named group's claims."""
+        """Give up group ``gid``: forget a private group, hand back a named group's claims.
+
+        ``unfinished``: (event id, attempt it was claimed for) never delivered.
+        """
         with write(conn):
             if private:
                 conn.execute(_DELETE_GROUP_CLAIMS, (gid,))
@@ -208,7 +272,7 @@ class EventLog:
             else:
                 conn.executemany(
                     _HAND_BACK_CLAIM,
-                    [(attempt, gid, e, self.consumer) for e, attempt in unfinished],
+                    [(gid, e, self.consumer, attempt) for e, attempt in unfinished],
                 )
 
     def topic_tops(self, conn: sqlite3.Connection, topics: list[bytes]) -> dict[bytes, int]:
@@ -229,7 +293,11 @@ class SqliteEvents(PubSub, Connected):
     Each local group has a fetch loop that claims events in batches (woken by
     local publishes, change detection and the maintenance tick) and a queue
     drained by one delivery worker per callback. Outcomes are written back in
-    batches; a maintenance task extends this instance's claims and prunes.
+    batches, each naming the delivery (consumer, attempt) it settles; a
+    maintenance task extends this instance's claims, drops from its queues the
+    ones it no longer holds (reclaimed, or taken by another member), and prunes.
+    ``reclaim``, ``backlog`` and deduplicating ``publish`` are one job each (see
+    :class:`SqlitePubSub` for their guarantees).
     """
 
     def _init_events(self, consumer: str, alive_for: float) -> None:
@@ -254,12 +322,23 @@ class SqliteEvents(PubSub, Connected):
     # -- the contract -----------------------------------------------------------------
 
     async def publish(self, topic: str, event: Event) -> Event:
-        """Append ``event`` to the log; stored only if ``topic`` has a consumer group."""
+        """Append ``event`` to the log; stored only if ``topic`` has a consumer group.
+
+        If the caller set ``event.id`` and an event with that id is kept for
+        ``topic`` (see ``dedupe_window``), nothing is stored and that first
+        event is returned.
+        """
         check_name(topic, "topic")
+        given = isinstance(event, Event) and bool(event.id)
         event = prepare_event(event)
         self._check_open()
         assert event.created_at is not None
-        await self._run(self._log.publish, topic.encode(), event.to_json(), event.created_at)
+        source = event.id if given else None
+        first = await self._run(
+            self._log.publish, topic.encode(), event.to_json(), event.created_at, source
+        )
+        if first is not None:
+            return Event.from_json(first)
         for group in self._topics.get(topic, {}).values():
             group.wake.set()
         return event
@@ -329,6 +408,39 @@ class SqliteEvents(PubSub, Connected):
             self._topics.pop(topic, None)
         self._update_polling()
 
+    async def reclaim(self, topic: str, group: str) -> int:
+        """Give every event a member of ``group`` took and has not acknowledged back to the group now.
+
+        Returns how many (0 if the topic or group does not exist). Members fetch
+        them before any newer event, oldest first, each as one more attempt.
+        """
+        check_name(topic, "topic")
+        check_name(group, "group")
+        self._check_open()
+        taken = await self._run(self._log.reclaim, topic.encode(), group.encode(), self._acks)
+        target = self._topics.get(topic, {}).get(group)
+        if target is not None:
+            for event_id, attempt, consumer in taken:
+                if consumer == self._log.consumer and target.held.get(event_id) == attempt:
+                    del target.held[event_id]
+            target.wake.set()
+        return len(taken)
+
+    async def backlog(self, prefix: str, group: str) -> list[str]:
+        """The topics starting with ``prefix`` whose ``group`` has events not yet acknowledged."""
+        if not isinstance(prefix, str):
+            raise InvalidArgument(f"prefix must be a str, got {type(prefix).__name__}")
+        check_name(group, "group")
+        self._check_open()
+        try:
+            low = prefix.encode()
+        except UnicodeEncodeError:
+            raise InvalidArgument("prefix must be encodable as UTF-8") from None
+        # Every UTF-8 text that starts with low sorts before this bound, and no other.
+        high = low[:-1] + bytes([low[-1] + 1]) if low else _PAST_ALL
+        topics = await self._run(self._log.backlog, group.encode(), low, high)
+        return [t.decode() for t in topics]
+
     async def flush(self) -> None:
         """Wait until this instance's subscribers have handled what was published so far.
 
@@ -365,7 +477,8 @@ class SqliteEvents(PubSub, Connected):
         unfinished: list[tuple[int, int]] = []
         while not target.queue.empty():
             event_id, event = target.queue.get_nowait()
-            unfinished.append((event_id, event.attempt - 1))
+            if target.held.get(event_id) == event.attempt:
+                unfinished.append((event_id, event.attempt))
         await self._run(self._log.leave, target.gid, target.private, unfinished)
 
     async def _fetch_loop(self, group: _Group) -> None:
@@ -373,8 +486,16 @@ class SqliteEvents(PubSub, Connected):
         while True:
             await group.wake.wait()
             group.wake.clear()
+            job = self._run(self._log.fetch, group.gid, topic)
             try:
-                claimed, cursor, dropped = await self._run(self._log.fetch, group.gid, topic)
+                claimed, cursor, dropped = await asyncio.shield(job)
+            except asyncio.CancelledError:
+                # Leaving: the job runs to its end on the worker thread anyway.
+                # Queue what it claimed, so that leaving hands it back instead of
+                # stranding it until visibility_timeout.
+                with contextlib.suppress(Exception):
+                    self._queue_claimed(group, (await job)[0])
+                raise
             except _Gone:
                 logger.warning(
                     "consumer group of topic %r was deleted by another process (this one was "
@@ -404,19 +525,27 @@ class SqliteEvents(PubSub, Connected):
                     group.topic,
                     attempts,
                 )
-            for event_id, attempt, body in claimed:
-                group.held.add(event_id)
-                group.queue.put_nowait((event_id, Event.from_json(body, attempt)))
+            self._queue_claimed(group, claimed)
             group.progress.set()
             if len(claimed) >= _BATCH:
                 await group.queue.join()
                 group.wake.set()
 
+    @staticmethod
+    def _queue_claimed(group: _Group, claimed: list[tuple[int, int, str]]) -> None:
+        for event_id, attempt, body in claimed:
+            group.held[event_id] = attempt
+            group.queue.put_nowait((event_id, Event.from_json(body, attempt)))
+
     async def _deliver(self, group: _Group, callback: Callback) -> None:
         queue_ = group.queue
         max_attempts = self._opts.max_attempts
+        held = group.held
         while True:
             event_id, event = await queue_.get()
+            if held.get(event_id) != event.attempt:
+                queue_.task_done()  # reclaimed or taken by another member meanwhile
+                continue
             try:
                 await callback(event)
             except asyncio.CancelledError:
@@ -424,7 +553,9 @@ class SqliteEvents(PubSub, Connected):
                 queue_.put_nowait((event_id, event))
                 raise
             except Exception:
-                if event.attempt < max_attempts:
+                if held.get(event_id) != event.attempt:
+                    pass  # reclaimed while it ran: no longer ours to retry or drop
+                elif event.attempt < max_attempts:
                     logger.warning(
                         "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
                         group.topic,
@@ -433,7 +564,8 @@ class SqliteEvents(PubSub, Connected):
                         max_attempts,
                         exc_info=True,
                     )
-                    self._settle(group.gid, event_id, event.attempt + 1)
+                    self._settle(group.gid, event_id, event.attempt, failed=True)
+                    held[event_id] = event.attempt + 1
                     queue_.put_nowait((event_id, replace(event, attempt=event.attempt + 1)))
                 else:
                     logger.error(
@@ -443,17 +575,19 @@ class SqliteEvents(PubSub, Connected):
                         event.attempt,
                         exc_info=True,
                     )
-                    group.held.discard(event_id)
-                    self._settle(group.gid, event_id, None)
+                    del held[event_id]
+                    self._settle(group.gid, event_id, event.attempt)
             else:
-                group.held.discard(event_id)
-                self._settle(group.gid, event_id, None)
+                if held.get(event_id) == event.attempt:
+                    del held[event_id]
+                # Written even when reclaimed meanwhile: it then changes nothing.
+                self._settle(group.gid, event_id, event.attempt)
             finally:
                 queue_.task_done()
 
-    def _settle(self, gid: int, event_id: int, attempt: int | None) -> None:
-        """Queue an acknowledgement (``attempt`` None) or a failed attempt; written in batches."""
-        self._acks.append((gid, event_id, attempt))
+    def _settle(self, gid: int, event_id: int, attempt: int, *, failed: bool = False) -> None:
+        """Queue the outcome of delivery ``attempt``: acknowledged, or failed; written in batches."""
+        self._acks.append((gid, event_id, attempt, failed))
         if not self._acks_running:
             self._start_settling()
 
@@ -492,14 +626,21 @@ class SqliteEvents(PubSub, Connected):
                 if prune:
                     next_prune = now + self._opts.prune_interval
                 try:
-                    await self._run(
+                    lost = await self._run(
                         self._log.heartbeat,
-                        [(g.gid, e) for g in groups for e in g.held],
+                        [(g.gid, e, a) for g in groups for e, a in g.held.items()],
                         [g.gid for g in groups],
                         prune,
+                        self._acks,
                     )
                 except BackendUnavailable as exc:
                     logger.warning("cannot extend claims in %s: %s", self._file, exc)
+                    continue
+                by_gid = {g.gid: g for g in groups}
+                for gid, event_id, attempt in lost:
+                    owner = by_gid.get(gid)
+                    if owner is not None and owner.held.get(event_id) == attempt:
+                        del owner.held[event_id]
 
     # -- closing ----------------------------------------------------------------------
 

@@ -1,3 +1,5 @@
--- A failed attempt: redelivered after the visibility timeout.
--- Parameters: attempt, visible_at, group id, event id.
-UPDATE tenure_pending SET attempt = ?, visible_at = ? WHERE group_id = ? AND event_id = ?
+-- A failed attempt, if the claim is still the one delivered: the consumer delivers
+-- it again itself; others see it after the visibility timeout.
+-- Parameters: visible_at, group id, event id, consumer, attempt that failed.
+UPDATE tenure_pending SET attempt = attempt + 1, visible_at = ?
+WHERE group_id = ? AND event_id = ? AND consumer = ? AND attempt = ?
