@@ -220,10 +220,6 @@ class _State:
         cancel_on_loss: bool,
     ) -> None:
         self.renewer = renewer
-        self.provider = renewer.provider
-        self.key = renewer.key
-        self.owner = renewer.owner
-        self.ttl_ms = renewer.ttl_ms
         self.token = token
         renewer.on_lost = self._on_renewer_lost
         self.on_lost = on_lost
@@ -260,39 +256,39 @@ class _State:
             and body is not asyncio.current_task()
         ):
             self.cancelled_body = True
-            body.cancel(f"lease {self.key!r} lost: {reason}")
+            body.cancel(f"lease {self.renewer.key!r} lost: {reason}")
         lease = self.lease_ref()
         if self.on_lost is not None and lease is not None:
             try:
                 outcome = self.on_lost(lease)
             except Exception:
-                logger.exception("on_lost callback for lease %r raised", self.key)
+                logger.exception("on_lost callback for lease %r raised", self.renewer.key)
             else:
                 if inspect.isawaitable(outcome):
-                    _spawn(self._await_callback(outcome), f"tenure-on-lost-{self.key!r}")
+                    _spawn(self._await_callback(outcome), f"tenure-on-lost-{self.renewer.key!r}")
 
     async def _await_callback(self, outcome: Awaitable[Any]) -> None:
         try:
             await outcome
         except Exception:
-            logger.exception("on_lost callback for lease %r raised", self.key)
+            logger.exception("on_lost callback for lease %r raised", self.renewer.key)
 
     def abandon(self) -> None:
         """The lease object was collected unreleased: stop renewing and release it."""
         if self.closed:
             return
         self.closed = True
-        _spawn(self._release_quietly(), f"tenure-release-{self.key!r}")
+        _spawn(self._release_quietly(), f"tenure-release-{self.renewer.key!r}")
 
     async def _release_quietly(self) -> None:
         await self.renewer.stop(final=True)
         try:
-            await self.provider.release_lease(self.key, self.owner)
+            await self.renewer.provider.release_lease(self.renewer.key, self.renewer.owner)
         except Exception as exc:
             logger.warning(
                 "releasing abandoned lease %r failed; it expires in at most %d ms: %r",
-                self.key,
-                self.ttl_ms,
+                self.renewer.key,
+                self.renewer.ttl_ms,
                 exc,
             )
 
@@ -321,11 +317,11 @@ class HeldLease:
 
     @property
     def key(self) -> str:
-        return self._s.key
+        return self._s.renewer.key
 
     @property
     def owner(self) -> str:
-        return self._s.owner
+        return self._s.renewer.owner
 
     @property
     def token(self) -> int | None:
@@ -333,7 +329,7 @@ class HeldLease:
 
     @property
     def ttl_ms(self) -> int:
-        return self._s.ttl_ms
+        return self._s.renewer.ttl_ms
 
     @property
     def lost(self) -> asyncio.Event:
@@ -360,9 +356,9 @@ class HeldLease:
         """Raise :class:`~tenure.LeaseLost` unless the lease is held (call it before acting)."""
         s = self._s
         if s.closed and not s.lost.is_set():
-            raise LeaseLost(s.key, s.owner, "it was released or transferred")
+            raise LeaseLost(s.renewer.key, s.renewer.owner, "it was released or transferred")
         if not s.check():
-            raise LeaseLost(s.key, s.owner, s.reason or "lost")
+            raise LeaseLost(s.renewer.key, s.renewer.owner, s.reason or "lost")
 
     async def transfer_to(self, new_owner: str, ttl_ms: int | None = None) -> bool:
         """Hand the lease to ``new_owner`` with no gap (``transfer_lease``); stop renewing it.
@@ -376,14 +372,16 @@ class HeldLease:
         """
         check_name(new_owner, "new_owner")
         s = self._s
-        ttl = s.ttl_ms if ttl_ms is None else check_ttl(ttl_ms)
+        ttl = s.renewer.ttl_ms if ttl_ms is None else check_ttl(ttl_ms)
         if s.closed:
             return False
         renewer = s.renewer
         async with renewer.paused():
             if s.closed or not renewer.check():
                 return False
-            ok = await s.provider.transfer_lease(s.key, s.owner, new_owner, ttl)
+            ok = await s.renewer.provider.transfer_lease(
+                s.renewer.key, s.renewer.owner, new_owner, ttl
+            )
             if ok:
                 s.closed = True
                 renewer.finished = True
@@ -406,12 +404,12 @@ class HeldLease:
             return
         s.closed = True
         await s.renewer.stop(final=True)
-        await s.provider.release_lease(s.key, s.owner)
+        await s.renewer.provider.release_lease(s.renewer.key, s.renewer.owner)
 
     def __repr__(self) -> str:
         s = self._s
         state = "released" if s.closed else "lost" if s.lost.is_set() else "held"
-        return f"HeldLease(key={s.key!r}, owner={s.owner!r}, token={s.token!r}, {state})"
+        return f"HeldLease(key={s.renewer.key!r}, owner={s.renewer.owner!r}, token={s.token!r}, {state})"
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         s = self._s
@@ -537,7 +535,7 @@ class _Hold:
         if s.cancelled_body and s.body is not None:
             others_cancelled = s.body.uncancel() > 0
             ours_pending = exc_type is not asyncio.CancelledError
-        release = _spawn(self._release(lease), f"tenure-release-{s.key!r}")
+        release = _spawn(self._release(lease), f"tenure-release-{s.renewer.key!r}")
         while True:
             try:
                 await asyncio.shield(release)
@@ -552,7 +550,7 @@ class _Hold:
             and not others_cancelled
             and (exc_type is None or exc_type is asyncio.CancelledError)
         ) or (lost_at_exit and s.cancel_on_loss):
-            raise LeaseLost(s.key, s.owner, s.reason or "lost") from exc
+            raise LeaseLost(s.renewer.key, s.renewer.owner, s.reason or "lost") from exc
 
     @staticmethod
     async def _release(lease: HeldLease) -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "PubSub",
     "check_callback",
     "check_group",
+    "join_slot",
     "prepare_event",
     "remove_member",
 ]
@@ -100,6 +101,21 @@ class _Members(Protocol):
 
 _K = TypeVar("_K")
 _G = TypeVar("_G", bound=_Members)
+
+
+def join_slot(
+    topics: dict[str, dict[Any, _G]], topic: str, callback: Callback, group: str | None
+) -> tuple[dict[Any, _G], str | Callback]:
+    """What ``subscribe`` checks first: a topic's groups and the slot ``callback`` joins.
+
+    The slot is the group's name, or the callback itself for a fan-out
+    subscriber (a private group of one). A callback subscribed to the topic
+    already is refused.
+    """
+    groups = topics.setdefault(topic, {})
+    if any(callback in g.workers for g in groups.values()):
+        raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
+    return groups, (callback if group is None else group)
 
 
 async def remove_member(groups: dict[_K, _G], callback: Callback) -> list[tuple[_K, _G]]:

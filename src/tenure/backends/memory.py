@@ -27,6 +27,7 @@ from .._pubsub import (
     PubSub,
     check_callback,
     check_group,
+    join_slot,
     prepare_event,
     remove_member,
 )
@@ -140,10 +141,7 @@ class _Events(abc.ABC):
         check_callback(callback)
         check_group(group)
         self._check_open()
-        groups = self._topics.setdefault(topic, {})
-        if any(callback in g.workers for g in groups.values()):
-            raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
-        slot: str | Callback = callback if group is None else group
+        groups, slot = join_slot(self._topics, topic, callback, group)
         target = groups.get(slot)
         if target is None:
             target = groups[slot] = _Group(group)

@@ -26,8 +26,7 @@ __all__ = ["StreamReader"]
 
 logger = logging.getLogger("tenure.redis")
 
-_ACK = load_script("ack")
-_RETRY = load_script("retry")
+_SETTLE = load_script("settle")
 # The consumer that holds handed-back and reclaimed entries until a member takes
 # them. Real members are named "<instance hex>-<n>", so it cannot collide with one.
 _RETURNED = b"tenure.returned"
@@ -241,7 +240,7 @@ class StreamReader(RedisParts):
                 mine = 1
                 with contextlib.suppress(BackendUnavailable):
                     mine = await self._eval(
-                        _RETRY,
+                        _SETTLE,
                         (sub.stream,),
                         (sub.group, entry_id, sub.consumer, event.attempt),
                     )
@@ -257,4 +256,4 @@ class StreamReader(RedisParts):
         # CancelledError skips this: the event stays pending, and in a named
         # group another member claims it. An event taken away meanwhile (by a
         # reclaim) is not acknowledged: it is its new holder's.
-        await self._eval(_ACK, (sub.stream,), (sub.group, entry_id, sub.consumer))
+        await self._eval(_SETTLE, (sub.stream,), (sub.group, entry_id, sub.consumer, "ack"))

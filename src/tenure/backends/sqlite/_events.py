@@ -18,7 +18,16 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from ..._errors import BackendUnavailable, InvalidArgument
-from ..._pubsub import Callback, Event, PubSub, check_callback, check_group, prepare_event
+from ..._pubsub import (
+    Callback,
+    Event,
+    PubSub,
+    check_callback,
+    check_group,
+    join_slot,
+    prepare_event,
+    remove_member,
+)
 from ..._validate import check_name
 from ._connection import Connected, Options, load_sql, write
 
@@ -353,10 +362,7 @@ class SqliteEvents(PubSub, Connected):
         check_callback(callback)
         check_group(group)
         self._check_open()
-        groups = self._topics.setdefault(topic, {})
-        if any(callback in g.workers for g in groups.values()):
-            raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
-        slot: str | Callback = callback if group is None else group
+        groups, slot = join_slot(self._topics, topic, callback, group)
         target = groups.get(slot)
         loop = asyncio.get_running_loop()
         if target is None:
@@ -395,15 +401,9 @@ class SqliteEvents(PubSub, Connected):
         check_name(topic, "topic")
         self._check_open()
         groups = self._topics.get(topic, {})
-        for slot, target in list(groups.items()):
-            task = target.workers.pop(callback, None)
-            if task is None:
-                continue
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            if not target.workers:
-                del groups[slot]
-                await self._leave(target)
+        for slot, target in await remove_member(groups, callback):
+            del groups[slot]
+            await self._leave(target)
         if not groups:
             self._topics.pop(topic, None)
         self._update_polling()
