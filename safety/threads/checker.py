@@ -171,7 +171,10 @@ def duplicates(writes: Iterable[Write]) -> dict[str, int]:
 
 
 def takeover_delays(
-    stored: Iterable[Stored], writes: Sequence[Write], kills: Iterable[Fault]
+    stored: Iterable[Stored],
+    writes: Sequence[Write],
+    kills: Iterable[Fault],
+    others: Sequence[Fault] | None = None,
 ) -> list[float]:
     """For each owner kill: ms from the kill to the next write on each thread it left stranded.
 
@@ -179,6 +182,11 @@ def takeover_delays(
     last write before ``t`` (W ran it) and a signal of the thread was stored
     before ``t`` but first written after it (it was waiting). The delay is to
     the thread's first write after ``t``: the stranded-signal bound, measured.
+
+    With ``others``, a delay is left out when another fault of ``others`` was
+    active at any time during it (the successor was killed or paused too, or
+    every worker was gone): the bound holds while a runtime process is alive
+    and unhindered, and such a delay measures the faults stacked on the kill.
     """
     by_thread: dict[tuple[str, str], list[Write]] = defaultdict(list)
     for w in sorted(writes, key=lambda w: w.t_ns):
@@ -205,8 +213,14 @@ def takeover_delays(
             if i == 0 or i == len(tw) or tw[i - 1].worker != kill.target:
                 continue
             j = bisect.bisect_left(stored_at.get(thread, []), t)
-            if j and latest[thread][j - 1] > t:
-                out.append((tw[i].t_ns - t) / 1e6)
+            if not j or latest[thread][j - 1] <= t:
+                continue
+            end = tw[i].t_ns
+            if others is not None and any(
+                f is not kill and f.start_ns <= end and f.end_ns >= t for f in others
+            ):
+                continue
+            out.append((end - t) / 1e6)
     return out
 
 
@@ -229,6 +243,8 @@ class ThreadReport:
     duplicates: dict[str, int] = field(default_factory=dict)
     untokened: int = 0
     takeover_ms: list[float] = field(default_factory=list)
+    # The same, without the delays another fault overlapped (see takeover_delays()).
+    takeover_isolated_ms: list[float] = field(default_factory=list)
 
     @property
     def violations(self) -> int:
@@ -259,9 +275,10 @@ class ThreadReport:
 
 
 def check(
-    stored: Sequence[Stored], writes: Sequence[Write], kills: Iterable[Fault] = ()
+    stored: Sequence[Stored], writes: Sequence[Write], faults: Sequence[Fault] = ()
 ) -> ThreadReport:
-    """Every check on one run's evidence."""
+    """Every check on one run's evidence; takeover delays after the ``owner-kill`` faults."""
+    kills = [f for f in faults if f.kind == "owner-kill"]
     return ThreadReport(
         signals=len({s.signal_id for s in stored}),
         writes=len(writes),
@@ -272,4 +289,5 @@ def check(
         duplicates=duplicates(writes),
         untokened=sum(1 for w in writes if w.token is None),
         takeover_ms=takeover_delays(stored, writes, kills),
+        takeover_isolated_ms=takeover_delays(stored, writes, kills, faults),
     )

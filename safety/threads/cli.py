@@ -6,10 +6,19 @@ import argparse
 import asyncio
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 from .controls import CONTROLS
-from .runner import BACKENDS, ThreadRunConfig, ThreadRunResult, control_config, run_threads
+from .runner import (
+    BACKENDS,
+    ThreadRunConfig,
+    ThreadRunResult,
+    check_dir,
+    control_config,
+    run_threads,
+    spread,
+)
 
 __all__ = ["add_parser", "cmd_threads"]
 
@@ -33,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--workdir", default=None)
     p.add_argument("--control", choices=CONTROLS, default=None)
     p.add_argument("--controls", action="store_true", help="run every control")
+    p.add_argument("--recheck", metavar="DIR", help="only judge the evidence a run left in DIR")
     p.add_argument(
         "--cold-start",
         action="store_true",
@@ -58,6 +68,20 @@ def cmd_threads(ns: argparse.Namespace) -> int:
     }
     if ns.duration is not None:
         common["duration_s"] = ns.duration
+    if ns.recheck:
+        rc = ThreadRunConfig(backend=ns.backend, ttl_ms=ns.ttl_ms)
+        report = check_dir(Path(ns.recheck), rc)
+        counts = ", ".join(f"{v} {k}" for k, v in report.counts().items())
+        print(
+            f"{report.signals} signals, {report.writes} writes; {counts}; "
+            f"{len(report.duplicates)} duplicated signals; takeover after owner kill "
+            f"p50/p99/max {spread(report.takeover_ms)} ms ({len(report.takeover_ms)}), "
+            f"with no other fault during it {spread(report.takeover_isolated_ms)} ms "
+            f"({len(report.takeover_isolated_ms)})"
+        )
+        for line in report.describe():
+            print("  " + line)
+        return 0 if report.violations == 0 else 1
     if ns.controls or ns.control:
         names = [ns.control] if ns.control else list(CONTROLS)
         caught = 0

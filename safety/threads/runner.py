@@ -45,7 +45,16 @@ from .checker import ThreadReport, check, percentile
 from .evidence import Fault, Sink, load_faults, load_stored, load_writes
 from .worker import WorkerConfig, config_json
 
-__all__ = ["BACKENDS", "KINDS", "ThreadRunConfig", "ThreadRunResult", "run_threads"]
+__all__ = [
+    "BACKENDS",
+    "KINDS",
+    "ThreadRunConfig",
+    "ThreadRunResult",
+    "check_dir",
+    "control_config",
+    "run_threads",
+    "spread",
+]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BACKENDS = ("sqlite", "redis")
@@ -120,9 +129,9 @@ class ThreadRunResult:
         bound = c.ttl_ms + c.sweep_s * 1000
         t = r.takeover_ms
         takeover = (
-            f"takeover after owner kill p50/p99/max = {percentile(t, 50):.0f}/"
-            f"{percentile(t, 99):.0f}/{max(t):.0f} ms over {len(t)} stranded threads "
-            f"(TTL + sweep = {bound:.0f} ms)"
+            f"takeover after owner kill p50/p99/max = {spread(t)} ms over {len(t)} stranded "
+            f"threads; with no other fault during the takeover {spread(r.takeover_isolated_ms)} ms "
+            f"over {len(r.takeover_isolated_ms)} (TTL + sweep = {bound:.0f} ms)"
             if t
             else "takeover: no kill left a waiting signal"
         )
@@ -140,6 +149,12 @@ class ThreadRunResult:
                 else "NOT drained after healing"
             )
         )
+
+
+def spread(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    return f"{percentile(xs, 50):.0f}/{percentile(xs, 99):.0f}/{max(xs):.0f}"
 
 
 class Pool:
@@ -448,6 +463,14 @@ def _all_written(workdir: Path, running: list[str]) -> bool:
     return stored <= written
 
 
+def check_dir(workdir: Path, rc: ThreadRunConfig) -> ThreadReport:
+    """Judge the evidence a run left in ``workdir`` (also to re-check an old run)."""
+    stored = load_stored(workdir)
+    writes = load_writes(workdir / "sink.db")
+    faults = load_faults(workdir / "faults.jsonl")
+    return check(stored, writes, faults)
+
+
 def _prepare(rc: ThreadRunConfig) -> Path:
     workdir = Path(rc.workdir or tempfile.mkdtemp(prefix=f"tenure-threads-{rc.backend}-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -498,10 +521,7 @@ async def run_threads(rc: ThreadRunConfig) -> ThreadRunResult:
             pool.signal(name, signal.SIGKILL)
         injector.close()
         await env.close()
-    stored = load_stored(workdir)
-    writes = load_writes(workdir / "sink.db")
-    faults = load_faults(workdir / "faults.jsonl")
-    report = check(stored, writes, [f for f in faults if f.kind == "owner-kill"])
+    report = await asyncio.to_thread(check_dir, workdir, rc)
     result = ThreadRunResult(
         config=rc,
         report=report,
