@@ -80,6 +80,10 @@ async def writer(db: str, topic: str) -> None:
             time.sleep(0.005)  # hold the transaction open: the kill often lands here
             conn.execute("COMMIT")
             say(raw_committed=batch)
+            # SQLite's write lock has no queue: without a pause this thread can
+            # take it back at once, again and again, and starve the backend's
+            # writer past its busy timeout (what this test checks is a kill).
+            time.sleep(0.01)
 
     threading.Thread(target=raw_batches, daemon=True).start()
     async with SqlitePubSub(db) as backend:

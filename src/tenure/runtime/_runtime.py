@@ -110,7 +110,13 @@ from typing import Any, Self, cast, get_args
 
 from .._contract import Backend, Capability, LeaseProvider, capabilities_of
 from .._detect import NoopLeaseProvider, is_lease_provider, lease_provider_for
-from .._errors import BackendClosed, ConfigurationError, InvalidArgument, TenureError
+from .._errors import (
+    BackendClosed,
+    BackendUnavailable,
+    ConfigurationError,
+    InvalidArgument,
+    TenureError,
+)
 from .._lifecycle import AsyncCloseable
 from .._pubsub import Event
 from .._validate import check_name, check_timeout, check_ttl
@@ -123,6 +129,9 @@ __all__ = ["CLOSE_MARKER", "GROUP", "SIGNAL_TYPE", "ThreadRun", "ThreadRuntime"]
 logger = logging.getLogger("tenure.runtime")
 
 _KNOWN_TOPICS = 100_000
+# How long a sender waits while a new thread's lease is refused with no holder
+# (Redis's quarantine after a start lasts max_ttl_ms, 60 s by default, + 1 s + 1%).
+_NO_HOLDER_WAIT = 65.0
 _NEEDED = Capability.EVENTS | Capability.RECLAIM | Capability.BACKLOG | Capability.DEDUPE
 
 Handler = Callable[[ThreadRun], Awaitable[None]]
@@ -430,6 +439,7 @@ class ThreadRuntime(AsyncCloseable):
                 # skipped), or the policy must see the run before storing: take the
                 # lease first, or publish once its owner is open.
                 pause = 0.002
+                give_up = time.monotonic() + _NO_HOLDER_WAIT
                 while True:
                     started, owner = await self._try_start(thread_key, "wake", signal_id)
                     if started is not None:
@@ -437,7 +447,16 @@ class ThreadRuntime(AsyncCloseable):
                         return SendResult("wake", started.run_id, signal_id, thread_key)
                     if self.policy == "reject" and owner is not None:
                         return self._rejected(thread_key, run_of(owner), signal_id)
-                    if owner is not None and owner.endswith(".0"):
+                    if owner is None and time.monotonic() >= give_up:
+                        raise BackendUnavailable(
+                            f"the lease of thread {thread_key!r} was refused without a holder "
+                            f"for {_NO_HOLDER_WAIT:g} s (a Redis restart quarantine?); "
+                            "the signal was not stored"
+                        )
+                    if owner is None or owner.endswith(".0"):
+                        # Opening elsewhere, or refused with no holder (a Redis backend
+                        # in quarantine after a start): the thread's group may not exist
+                        # yet, and a signal published now could be skipped. Wait.
                         await asyncio.sleep(pause)
                         pause = min(pause * 2, 0.05)
                         continue
