@@ -20,6 +20,7 @@ from tenure.backends.redis import RedisStreamsPubSub
 from tenure.testing import eventually
 
 from ..redis.helpers import delete_prefix
+from ..support.redis_server import RedisServer
 
 NEVER_MS = 600_000
 
@@ -124,3 +125,24 @@ async def test_a_signal_that_reaches_a_closing_session_is_run_by_the_next_owner(
     finally:
         await slow.aclose()
         await fast.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_first_signal_sent_during_a_fresh_servers_quarantine_is_run() -> None:
+    # A fresh server refuses grants of unknown keys for max_ttl_ms (it cannot tell
+    # a first start from a restart that lost leases). A sender of a new thread must
+    # not publish before the thread's group exists: it waits for the grant.
+    handled: list[Any] = []
+
+    async def handle(run: ThreadRun) -> None:
+        handled.extend([signal.payload async for signal in run.signals()])
+
+    with RedisServer() as server:
+        backend = RedisStreamsPubSub.from_url(server.url, max_ttl_ms=1500)
+        try:
+            async with ThreadRuntime(backend, handle, ttl_ms=1500, idle_timeout=0.2) as rt:
+                result = await rt.send_signal("new-thread", "first")
+                assert result.outcome == "wake"
+                await eventually(lambda: handled == ["first"], timeout=10)
+        finally:
+            await backend.aclose()
