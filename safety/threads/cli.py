@@ -44,9 +44,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--controls", action="store_true", help="run every control")
     p.add_argument("--recheck", metavar="DIR", help="only judge the evidence a run left in DIR")
     p.add_argument(
-        "--cold-start",
+        "--warm-start",
         action="store_true",
-        help="Redis: start sending while the fresh server is in quarantine",
+        help="Redis: start the workers only once the fresh server grants leases",
     )
 
 
@@ -64,7 +64,7 @@ def cmd_threads(ns: argparse.Namespace) -> int:
         "threads": ns.threads,
         "ttl_ms": ns.ttl_ms,
         "workdir": ns.workdir,
-        "cold_start": ns.cold_start,
+        "cold_start": not ns.warm_start,
     }
     if ns.duration is not None:
         common["duration_s"] = ns.duration

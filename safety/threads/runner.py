@@ -91,9 +91,10 @@ class ThreadRunConfig:
     heal_s: float | None = None  # None: 5 s + 3 TTLs
     send_gap_ms: tuple[float, float] = (5.0, 40.0)
     # Redis: start the workers while the fresh server still refuses grants (its
-    # quarantine). The runtime then loses the first signals of new threads: kept
-    # as a switch to reproduce that, off by default (see SAFETY.md).
-    cold_start: bool = False
+    # quarantine after a start), so the first signals of every thread meet it. The
+    # runtime used to lose them (found by this harness; fixed in 3c669f0). False:
+    # wait until the server grants leases before starting the workers.
+    cold_start: bool = True
 
     def thread_list(self) -> list[list[str]]:
         if self.control == "collide":
