@@ -86,7 +86,9 @@ def cmd_threads(ns: argparse.Namespace) -> int:
         names = [ns.control] if ns.control else list(CONTROLS)
         caught = 0
         for name in names:
-            res = asyncio.run(run_threads(control_config(ns.backend, name, **common)))
+            # One directory per control: a run's evidence must not mix with another's.
+            over = dict(common, workdir=ns.workdir and str(Path(ns.workdir) / name))
+            res = asyncio.run(run_threads(control_config(ns.backend, name, **over)))
             hit = res.violations > 0
             caught += hit
             print(f"control {name}: {'CAUGHT' if hit else 'NOT CAUGHT'}")
