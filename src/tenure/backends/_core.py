@@ -50,18 +50,6 @@ def holds(holder: object, deadline: float, owner: object, now: float) -> bool:
     return holder == owner and deadline > now
 
 
-def _plain(key: Any, owner: Any) -> bool:
-    """Both are short ASCII strs, so valid without a closer look (the fast path)."""
-    return (
-        type(key) is str
-        and key.isascii()
-        and 0 < len(key) <= MAX_NAME_BYTES
-        and type(owner) is str
-        and owner.isascii()
-        and 0 < len(owner) <= MAX_NAME_BYTES
-    )
-
-
 class LeaseCore(AsyncCloseable, abc.ABC):
     """Base of tenure's lease backends: checks, the closed state and waiting.
 
@@ -103,18 +91,34 @@ class LeaseCore(AsyncCloseable, abc.ABC):
 
     def _args(self, key: Any, owner: Any, ttl_ms: Any) -> int:
         """Checks of acquire and renew; returns the TTL."""
-        # The common case decided inline: these run on every operation.
-        if not (_plain(key, owner) and type(ttl_ms) is int and 1 <= ttl_ms <= self._max_ttl_ms):
+        # The common case decided inline, without a call: these run on every operation.
+        if not (
+            type(key) is str
+            and key.isascii()
+            and 0 < len(key) <= MAX_NAME_BYTES
+            and type(owner) is str
+            and owner.isascii()
+            and 0 < len(owner) <= MAX_NAME_BYTES
+            and type(ttl_ms) is int
+            and 1 <= ttl_ms <= self._max_ttl_ms
+        ):
             check_name(key, "key")
             check_name(owner, "owner")
             self._check_ttl(ttl_ms)
         if self._closed:
             raise self._closed_error()
-        return int(ttl_ms)
+        return ttl_ms  # type: ignore[no-any-return]  # an int, checked above
 
     def _args_owner(self, key: Any, owner: Any) -> None:
         """Checks of release."""
-        if not _plain(key, owner):
+        if not (
+            type(key) is str
+            and key.isascii()
+            and 0 < len(key) <= MAX_NAME_BYTES
+            and type(owner) is str
+            and owner.isascii()
+            and 0 < len(owner) <= MAX_NAME_BYTES
+        ):
             check_name(key, "key")
             check_name(owner, "owner")
         if self._closed:

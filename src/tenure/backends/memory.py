@@ -380,9 +380,11 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
 
     async def release_lease(self, key: str, owner: str) -> None:
         self._args_owner(key, owner)
-        if self._held_by(key, owner, self._clock()) is not None:
+        lease = self._leases.get(key)
+        if lease is not None and holds(lease[_OWNER], lease[_DEADLINE], owner, self._clock()):
             del self._leases[key]
-            self._freed(key)
+            if self._waiters:
+                self._waiters.wake_one(key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         self._args(key, owner, ttl_ms)

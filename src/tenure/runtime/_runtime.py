@@ -90,7 +90,11 @@ whose events do not outlive a process, or one without leases
 process-local log (a :class:`~tenure.MemoryPubSub`) and the runtime is correct
 within one process only.
 
-Limits: a backend that loses acknowledged state (a Redis restart without
+Limits: per-thread order can break for a signal sent while a paused owner's
+blocking read was outstanding: the backend hands it to that stale reader, which
+gives it back only once it finds its lease lost, after newer signals ran (seen
+once by the thread harness, under SIGSTOP; crashes do not cause it); a backend
+that loses acknowledged state (a Redis restart without
 persistence) can lose signals published before the restart; a handler that
 raises on a signal gets it again at most the backend's ``max_attempts`` times.
 """

@@ -231,7 +231,9 @@ class Session:
             return
         if event.type != SIGNAL_TYPE:
             return
-        if self.done or self.lost.is_set():
+        if self.done or not self.renewer.check():
+            # Not ours to run: a lost session (checked on the clock, so also right
+            # after a pause) holds it until it unsubscribes and hands it back.
             await _block_until_cancelled()
         data = event.data
         signal = Signal(
