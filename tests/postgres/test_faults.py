@@ -367,3 +367,53 @@ async def test_sslmode_require_against_a_server_without_ssl_is_unavailable(
     ) as provider:
         with pytest.raises(BackendUnavailable):
             await provider.get_lease_owner("k")
+
+
+@pytest.mark.asyncio
+async def test_a_statement_past_the_time_limit_is_cancelled_on_the_server(
+    postgres_url: str, schema: str
+) -> None:
+    """A renew stuck behind another session's row lock answers on time, and
+    its statement does not stay behind on the server, still waiting."""
+    async with PostgresLeaseProvider.from_url(
+        f"{postgres_url}?call_timeout=0.5", schema=schema
+    ) as provider:
+        assert (await provider.acquire_lease("k", "alice", 60_000)).acquired
+        async with await psycopg.AsyncConnection.connect(postgres_url) as blocker:
+            await blocker.execute(f'SELECT 1 FROM "{schema}".{provider.table} FOR UPDATE')
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable, match=r"0\.5 s"):
+                await provider.renew_lease("k", "alice", 60_000)
+            assert time.monotonic() - started < 2
+            async with await psycopg.AsyncConnection.connect(postgres_url) as probe:
+                waiting = await (
+                    await probe.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database()"
+                    )
+                ).fetchone()
+            assert waiting == (0,)
+            await blocker.rollback()
+        assert await provider.renew_lease("k", "alice", 60_000)
+
+
+@pytest.mark.asyncio
+async def test_a_cancellation_from_outside_is_not_turned_into_an_error(
+    postgres_url: str, schema: str
+) -> None:
+    """The caller's own timeout wins over the call time limit, and the backend
+    stays usable after the abandoned statement."""
+    parts = urlsplit(postgres_url)
+    assert parts.hostname is not None and parts.port is not None
+    async with Proxy(parts.hostname, parts.port) as proxy:
+        user = parts.netloc.rpartition("@")[0]
+        via_proxy = urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}"))
+        async with PostgresLeaseProvider.from_url(
+            f"{via_proxy}?call_timeout=5", schema=schema
+        ) as provider:
+            assert (await provider.acquire_lease("k", "alice", 60_000)).acquired
+            proxy.set_mode("blackhole")
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(provider.renew_lease("k", "alice", 60_000), 0.3)
+            proxy.set_mode("pass")
+            assert await provider.renew_lease("k", "alice", 60_000)
