@@ -27,7 +27,7 @@ from typing import Any
 
 from ._contract import AcquireResult, Capability, LeaseProvider, LeaseRecord, capabilities_of
 from ._errors import InvalidArgument, LeaseLost, LeaseUnavailable
-from ._renewer import Renewer
+from ._renewer import Renewer, renew_timing
 from ._validate import check_name, check_timeout, check_ttl
 
 __all__ = ["HeldLease", "acquire_wait", "hold", "renew_many"]
@@ -454,24 +454,9 @@ class _Hold:
         self._key = check_name(key, "key")
         self._owner = check_name(owner, "owner")
         self._ttl_ms = check_ttl(ttl_ms)
-        deadline = 2 * ttl_ms / 3 if renew_deadline_ms is None else renew_deadline_ms
-        every = ttl_ms / 3 if renew_every_ms is None else renew_every_ms
-        for name, value in (("renew_every_ms", every), ("renew_deadline_ms", deadline)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidArgument(f"{name} must be a number of milliseconds")
-        if not 0 < deadline < ttl_ms:
-            raise InvalidArgument(
-                f"renew_deadline_ms must be > 0 and shorter than ttl_ms ({ttl_ms}), got {deadline}"
-            )
-        if not 0 < every < deadline:
-            raise InvalidArgument(
-                f"renew_every_ms must be > 0 and shorter than renew_deadline_ms ({deadline:g}), "
-                f"got {every}"
-            )
+        self._every, self._deadline = renew_timing(self._ttl_ms, renew_every_ms, renew_deadline_ms)
         if on_lost is not None and not callable(on_lost):
             raise InvalidArgument(f"on_lost must be callable, got {type(on_lost).__name__}")
-        self._every = every / 1000
-        self._deadline = deadline / 1000
         self._on_lost = on_lost
         self._cancel_on_loss = bool(cancel_on_loss)
         self._wait = None if wait is None else check_timeout(wait, "wait")

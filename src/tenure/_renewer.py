@@ -28,13 +28,39 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from ._contract import LeaseProvider
-from ._errors import BackendClosed
+from ._errors import BackendClosed, InvalidArgument
 
-__all__ = ["Renewer"]
+__all__ = ["Renewer", "renew_timing"]
 
 logger = logging.getLogger("tenure.renewer")
 
 _MIN_BACKOFF = 0.025
+
+
+def renew_timing(
+    ttl_ms: int, renew_every_ms: float | None, renew_deadline_ms: float | None
+) -> tuple[float, float]:
+    """``(every, deadline)`` in seconds for a lease of ``ttl_ms``, checked.
+
+    The defaults: renew every third of the TTL, count the lease lost two
+    thirds of the TTL after the last successful renewal was sent. Either may
+    be given in milliseconds; ``0 < every < deadline < ttl`` must hold.
+    """
+    deadline = 2 * ttl_ms / 3 if renew_deadline_ms is None else renew_deadline_ms
+    every = ttl_ms / 3 if renew_every_ms is None else renew_every_ms
+    for name, value in (("renew_every_ms", every), ("renew_deadline_ms", deadline)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+            raise InvalidArgument(f"{name} must be a number of milliseconds, got {value!r}")
+    if not 0 < deadline < ttl_ms:
+        raise InvalidArgument(
+            f"renew_deadline_ms must be > 0 and shorter than ttl_ms ({ttl_ms}), got {deadline}"
+        )
+    if not 0 < every < deadline:
+        raise InvalidArgument(
+            f"renew_every_ms must be > 0 and shorter than renew_deadline_ms ({deadline:g}), "
+            f"got {every}"
+        )
+    return every / 1000, deadline / 1000
 
 
 class Renewer:

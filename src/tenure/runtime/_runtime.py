@@ -123,6 +123,7 @@ from .._errors import (
 )
 from .._lifecycle import AsyncCloseable
 from .._pubsub import Event
+from .._renewer import renew_timing
 from .._validate import check_name, check_timeout, check_ttl
 from ._names import ThreadNames
 from ._session import CLOSE_MARKER, GROUP, INTERRUPT, SIGNAL_TYPE, Session, ThreadRun, run_of
@@ -191,8 +192,8 @@ class ThreadRuntime(AsyncCloseable):
         *,
         lease_provider: Any = None,
         ttl_ms: int = 15_000,
-        renew_every_ms: int | None = None,
-        renew_deadline_ms: int | None = None,
+        renew_every_ms: float | None = None,
+        renew_deadline_ms: float | None = None,
         idle_timeout: float = 1.0,
         process_id: str | None = None,
         on_event: OnEvent | None = None,
@@ -206,23 +207,8 @@ class ThreadRuntime(AsyncCloseable):
         if not callable(handler):
             raise InvalidArgument(f"handler must be callable, got {type(handler).__name__}")
         self.ttl_ms = check_ttl(ttl_ms)
-        if renew_every_ms is None:
-            renew_every_ms = max(1, ttl_ms // 3)
-        self.renew_every_ms = check_ttl(renew_every_ms, "renew_every_ms")
-        if self.renew_every_ms >= self.ttl_ms:
-            raise InvalidArgument(
-                f"renew_every_ms must be less than ttl_ms ({ttl_ms}), got {renew_every_ms}"
-            )
-        if renew_deadline_ms is None:
-            # Two thirds of the TTL, as for tenure.hold, but never before a renewal
-            # sent on time could have had a chance to come back.
-            renew_deadline_ms = max(2 * self.ttl_ms // 3, (self.renew_every_ms + self.ttl_ms) // 2)
-        self.renew_deadline_ms = check_ttl(renew_deadline_ms, "renew_deadline_ms")
-        if not self.renew_every_ms < self.renew_deadline_ms < self.ttl_ms:
-            raise InvalidArgument(
-                f"renew_deadline_ms must be between renew_every_ms ({self.renew_every_ms}) and "
-                f"ttl_ms ({self.ttl_ms}), got {renew_deadline_ms}"
-            )
+        every, deadline = renew_timing(self.ttl_ms, renew_every_ms, renew_deadline_ms)
+        self.renew_every_ms, self.renew_deadline_ms = every * 1000, deadline * 1000
         self.idle_timeout = check_timeout(idle_timeout, "idle_timeout")
         if self.idle_timeout <= 0:
             raise InvalidArgument("idle_timeout must be greater than 0")
