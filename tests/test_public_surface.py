@@ -128,3 +128,32 @@ def test_mypy_catches_a_string_ttl_on_a_from_url_result(tmp_path: Path) -> None:
         assert (proc.returncode == 0) == expect_ok, proc.stdout
         if not expect_ok:
             assert 'incompatible type "str"; expected "int"' in proc.stdout, proc.stdout
+
+
+def test_the_blocking_api_is_loaded_on_first_use_and_starts_no_thread_until_called() -> None:
+    code = (
+        "import sys, threading, tenure\n"
+        "print('tenure.sync' in sys.modules)\n"
+        "sync = tenure.sync\n"
+        "print('tenure.sync' in sys.modules, threading.active_count())\n"
+        "print(sorted(sync.__all__))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out[:2] == ["False", "True 1"]
+    assert out[2] == str(
+        [
+            "SyncBackend",
+            "SyncCallInEventLoop",
+            "SyncCallback",
+            "SyncHeldLease",
+            "SyncThreadRuntime",
+            "acquire_wait",
+            "current_lease",
+            "from_url",
+            "hold",
+            "renew_many",
+            "singleton",
+        ]
+    )

@@ -86,11 +86,13 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name == "sync":  # the blocking API: loaded (never started) on first use
+        return importlib.import_module("tenure.sync")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tenure' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

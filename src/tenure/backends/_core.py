@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import abc
+import os
+import weakref
 from typing import Any, ClassVar
 
 from .._contract import Capability, LeaseRecord
@@ -65,15 +67,25 @@ class LeaseCore(AsyncCloseable, abc.ABC):
     _closed: bool = False
     _max_ttl_ms: int = MAX_TTL_MS
     _waiters: KeyWaiters
+    # The process this backend was made in, once it crossed fork() (see _after_fork).
+    _forked_from: int | None = None
 
     def __init__(self, *, max_ttl_ms: int = MAX_TTL_MS) -> None:
         self._closed = False
         self._max_ttl_ms = max_ttl_ms
         self._waiters = KeyWaiters()
+        _live.add(self)
 
     # -- checks --------------------------------------------------------------
 
     def _closed_error(self) -> BackendClosed:
+        if self._forked_from is not None:
+            return BackendClosed(
+                f"this {type(self).__name__} comes from process {self._forked_from} and crossed "
+                "fork(): it would share its connections, file and event loop with that process. "
+                "Make the backend in the child (after the fork, e.g. in a worker's start hook), "
+                "or use tenure.sync.from_url(), which re-initialises itself in a forked child"
+            )
         return BackendClosed(f"{type(self).__name__} is closed")
 
     def _check_open(self) -> None:
@@ -209,3 +221,23 @@ class LeaseCore(AsyncCloseable, abc.ABC):
             return await self._waiters.wait(key, fut, seconds)
         finally:
             self._unwatch()
+
+
+# Every open backend of this process. A forked child inherits them with the
+# parent's sockets, SQLite handle, event loop and threads; using them (or even
+# closing them: a driver's goodbye, an epoll set shared with the parent) would
+# disturb the parent. In the child they are closed without I/O, and calls raise
+# BackendClosed naming the fix. Marking them costs the hot paths nothing: they
+# check ``_closed`` already.
+_live: weakref.WeakSet[LeaseCore] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    parent = os.getppid()
+    for backend in list(_live):
+        if not backend._closed:
+            backend._forked_from = parent
+            backend._closed = True
+
+
+os.register_at_fork(after_in_child=_after_fork)

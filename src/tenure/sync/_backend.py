@@ -1,0 +1,211 @@
+"""``tenure.sync.from_url``: a blocking backend that runs the async backend on the portal's loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, Self, cast
+
+from .._contract import AcquireResult, Backend, Capability, LeaseRecord, capabilities_of
+from .._errors import ConfigurationError
+from .._pubsub import Event, check_callback
+from .._url import default_url, redact_url
+from .._url import from_url as async_from_url
+from . import _portal
+from ._portal import call
+
+__all__ = ["SyncBackend", "SyncCallback", "from_url"]
+
+SyncCallback = Callable[[Event], Any]
+
+# What the facade offers: the lease extensions and the event methods. Anything
+# else a backend declares has no blocking twin here, so it is not declared.
+_SUPPORTED = Capability.LEASES | Capability.RUNTIME_LOG
+
+
+class SyncBackend:
+    """A backend of :func:`tenure.from_url`, with blocking methods.
+
+    Each method runs the async backend's method on tenure's loop thread and
+    waits for it: same arguments, same results, same errors. Safe to share
+    between threads. ``capabilities`` is what the async backend declares (of the
+    lease extensions and event methods, which all have blocking twins here).
+
+    Pub/sub: ``subscribe(topic, callback, group=None)`` takes a plain function,
+    run in a pool of worker threads (never on the loop thread, so it may block
+    and may call this backend). Returning acknowledges the event; raising gets
+    it redelivered, as in the async API. A callback still running when it is
+    unsubscribed runs to its end; its outcome is ignored and the event goes back
+    to the group.
+
+    ``fork()``: the child builds a fresh async backend from the URL on its first
+    call (its own connections, file handle and loop thread); the parent's are
+    never touched in the child. Subscriptions stay with the parent. A
+    ``memory://`` backend starts empty in the child.
+    """
+
+    capabilities: Capability
+
+    def __init__(self, url: str, options: dict[str, Any]) -> None:
+        self._url = url
+        self._options = options
+        self._lock = threading.Lock()
+        self._closed = False
+        self._warn_unclosed = True
+        self._inner: Backend | None = None
+        # (topic, callback) -> the coroutine function subscribed on the loop.
+        self._callbacks: dict[tuple[str, SyncCallback], Callable[[Event], Any]] = {}
+        inner = self._build()
+        self.capabilities = capabilities_of(inner) & _SUPPORTED
+        _portal.on_fork(self)
+
+    def _build(self) -> Backend:
+        with self._lock:
+            inner = self._inner
+            if inner is None:
+                url, options = self._url, self._options
+
+                async def build() -> Backend:
+                    return async_from_url(url, **options)
+
+                inner = self._inner = call(build, what="from_url()")
+            return inner
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        if self._inner is not None:
+            _portal._inherited.append(self._inner)
+            self._inner = None
+        self._callbacks = {}
+
+    @property
+    def backend(self) -> Backend:
+        """The async backend this one runs (use it only on tenure's loop thread)."""
+        return self._inner or self._build()
+
+    # -- leases ----------------------------------------------------------------
+
+    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
+        return call((self._inner or self._build()).acquire_lease, key, owner, ttl_ms)
+
+    def get_lease_owner(self, key: str) -> str | None:
+        return call((self._inner or self._build()).get_lease_owner, key)
+
+    def release_lease(self, key: str, owner: str) -> None:
+        call((self._inner or self._build()).release_lease, key, owner)
+
+    def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return call((self._inner or self._build()).renew_lease, key, owner, ttl_ms)
+
+    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        return call(
+            (self._inner or self._build()).transfer_lease, key, from_owner, to_owner, ttl_ms
+        )
+
+    def get_lease(self, key: str) -> LeaseRecord | None:
+        return call((self._inner or self._build()).get_lease, key)
+
+    def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
+        return call((self._inner or self._build()).renew_leases, keys, owner, ttl_ms)
+
+    def wait_lease_released(self, key: str, timeout: float) -> bool:
+        return call((self._inner or self._build()).wait_lease_released, key, timeout)
+
+    # -- events ------------------------------------------------------------------
+
+    def _events(self) -> Any:
+        inner = self._inner or self._build()
+        if Capability.EVENTS not in self.capabilities:
+            raise ConfigurationError(
+                f"{type(inner).__name__} cannot carry events "
+                "(it does not declare Capability.EVENTS)"
+            )
+        return inner
+
+    def publish(self, topic: str, event: Event) -> Event:
+        return cast(Event, call(self._events().publish, topic, event))
+
+    def subscribe(self, topic: str, callback: SyncCallback, *, group: str | None = None) -> None:
+        """Deliver events of ``topic`` to ``callback(event)``, run in a worker thread."""
+        events = self._events()
+        check_callback(callback)
+        pool = _portal.portal().callbacks
+
+        async def deliver(event: Event) -> None:
+            await asyncio.get_running_loop().run_in_executor(pool, callback, event)
+
+        async def subscribe() -> None:
+            await events.subscribe(topic, deliver, group=group)
+
+        self._callbacks[(topic, callback)] = deliver
+        try:
+            call(subscribe)
+        except BaseException:
+            self._callbacks.pop((topic, callback), None)
+            raise
+
+    def unsubscribe(self, topic: str, callback: SyncCallback) -> None:
+        events = self._events()
+        deliver = self._callbacks.pop((topic, callback), None)
+        if deliver is not None:
+            call(events.unsubscribe, topic, deliver)
+
+    def flush(self) -> None:
+        call(self._events().flush)
+
+    def reclaim(self, topic: str, group: str) -> int:
+        return cast(int, call(self._events().reclaim, topic, group))
+
+    def backlog(self, prefix: str, group: str) -> list[str]:
+        return cast(list[str], call(self._events().backlog, prefix, group))
+
+    # -- life cycle ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the async backend (subscriptions end); later calls raise ``BackendClosed``."""
+        self._closed = True
+        inner = self._inner
+        if inner is not None:
+            call(inner.aclose)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"SyncBackend({redact_url(self._url)!r}{state})"
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        inner = getattr(self, "_inner", None)
+        if getattr(self, "_closed", True) or inner is None:
+            return
+        if not self._warn_unclosed:
+            return
+        _warn(f"unclosed {self!r}: closing it in the background", ResourceWarning, stacklevel=1)
+        current = _portal._portal
+        if current is not None and not current.loop.is_closed():
+            current.submit(inner.aclose())
+
+
+def from_url(url: str | None = None, **options: Any) -> SyncBackend:
+    """The blocking twin of :func:`tenure.from_url`: same URLs, same options.
+
+    ``with tenure.sync.from_url(url) as backend:`` closes it at the end;
+    otherwise call ``backend.close()``. Nothing is connected until the first
+    call. Raises :class:`~tenure.ConfigurationError` for a URL that cannot work,
+    and :class:`~tenure.sync.SyncCallInEventLoop` when called from a running event
+    loop (use :func:`tenure.from_url` there).
+    """
+    _portal.check_blocking_allowed("from_url()")
+    return SyncBackend(default_url() if url is None else url, options)
