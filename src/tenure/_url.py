@@ -44,10 +44,8 @@ _SCHEMES: dict[str, _Scheme] = {
     "sqlite": _Scheme("tenure.backends.sqlite", "SqlitePubSub", None, None),
     "redis": _Scheme("tenure.backends.redis", "RedisStreamsPubSub", "redis", "redis"),
     "rediss": _Scheme("tenure.backends.redis", "RedisStreamsPubSub", "redis", "redis"),
-    "postgresql": _Scheme(
-        "tenure.backends.postgres", "PostgresLeaseProvider", "postgres", "psycopg"
-    ),
-    "postgres": _Scheme("tenure.backends.postgres", "PostgresLeaseProvider", "postgres", "psycopg"),
+    "postgresql": _Scheme("tenure.backends.postgres", "PostgresPubSub", "postgres", "psycopg"),
+    "postgres": _Scheme("tenure.backends.postgres", "PostgresPubSub", "postgres", "psycopg"),
 }
 
 

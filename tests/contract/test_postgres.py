@@ -1,7 +1,8 @@
-"""The contract suite against PostgreSQL (the shared server, a schema per class).
+"""The contract suites against PostgreSQL (the shared server, a schema per class).
 
-Two runs: real time (the server's ``clock_timestamp()``), and a frozen clock
-moved by the tests (``<schema>.lease_now()`` replaced, see ``SqlClock``).
+Leases twice: real time (the server's ``clock_timestamp()``), and a frozen clock
+moved by the tests (``<schema>.lease_now()`` replaced, see ``SqlClock``). Events
+on real time.
 Every test uses keys of its own, so one schema per class is enough; it is
 dropped at the end. The server must be reachable: these tests fail, never skip.
 """
@@ -15,8 +16,8 @@ import pytest
 import pytest_asyncio
 
 from tenure import from_url
-from tenure.backends.postgres import PostgresLeaseProvider
-from tenure.testing import Advance, LeaseContract
+from tenure.backends.postgres import PostgresLeaseProvider, PostgresPubSub
+from tenure.testing import Advance, LeaseContract, PubSubContract
 from tests.postgres.helpers import SqlClock, drop_schema, new_schema
 from tests.support.servers import POSTGRES_URL, drop_postgres_schema, require_tcp
 from tests.support.targets import BackendTarget
@@ -87,3 +88,11 @@ class TestPostgresLeasesControlledClock(LeaseContract):
         second = await lease_provider.get_lease(key)
         assert first is not None and second is not None
         assert (first.ttl_ms, second.ttl_ms) == (1000, 750)
+
+
+class TestPostgresPubSub(PubSubContract):
+    @pytest_asyncio.fixture
+    async def pubsub(self, postgres_url: str, schema: str) -> AsyncIterator[PostgresPubSub]:
+        async with from_url(f"{postgres_url}?schema={schema}") as backend:
+            assert isinstance(backend, PostgresPubSub)
+            yield backend

@@ -178,8 +178,9 @@ class LeaseCore(AsyncCloseable, abc.ABC):
         if self._waiters:
             self._waiters.wake_one(key)
 
-    async def _watch(self, key: str) -> None:
-        """Start learning of releases of ``key`` made elsewhere (a listener, polling)."""
+    async def _watch(self, key: str, timeout: float) -> None:
+        """Start learning of releases of ``key`` made elsewhere (a listener, polling),
+        for a wait of at most ``timeout`` seconds."""
 
     def _watching(self, key: str, record: LeaseRecord) -> None:
         """``key`` is waited on while ``record`` is its lease."""
@@ -205,7 +206,7 @@ class LeaseCore(AsyncCloseable, abc.ABC):
         seconds = check_timeout(timeout)
         fut = self._waiters.register(key)
         try:
-            await self._watch(key)
+            await self._watch(key, seconds)
             record = await self._read(key)
         except BaseException:
             self._waiters.discard(key, fut)

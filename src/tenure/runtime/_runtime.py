@@ -3,7 +3,7 @@
 Guarantees
 ----------
 With the default settings, on a backend that carries signals between processes
-(SQLite, Redis Streams) or inside one process (memory):
+(SQLite, Redis Streams, PostgreSQL) or inside one process (memory):
 
 - **One run per thread.** A run holds the thread's lease, renewed by the same
   :class:`~tenure._renewer.Renewer` as :func:`tenure.hold`. It learns of a loss
@@ -82,7 +82,7 @@ hands back what it had not acknowledged) while still renewing, and releases. A
 signal sent after the marker stays in the log, and the sweep finds it.
 
 *Backends.* The runtime needs ``EVENTS``; across processes also
-``DURABLE_GROUPS``, ``RECLAIM`` and ``BACKLOG`` (SQLite and Redis declare them);
+``DURABLE_GROUPS``, ``RECLAIM`` and ``BACKLOG`` (SQLite, Redis and PostgreSQL declare them);
 a backend that declares durable groups without the other two is refused with
 :class:`~tenure.ConfigurationError`, since it could strand a signal. A backend
 whose events do not outlive a process, or one without leases

@@ -1,7 +1,7 @@
 """tenure's link to one PostgreSQL database.
 
 The pool and its connections (liveness without a round trip, the pinned
-isolation level), first use (credentials checked directly, the table created),
+isolation level), first use (credentials checked directly, the tables created),
 the LISTEN connection, the per-call time limit, and the one place where
 psycopg's and the pool's errors become tenure's, with secrets removed.
 """
@@ -75,6 +75,18 @@ def check_identifier(value: Any, what: str) -> str:
             f"{what} must be at most {_MAX_IDENTIFIER_BYTES} bytes in UTF-8, got {size}"
         )
     return value
+
+
+def derived_name(table: str, suffix: str) -> str:
+    """The name of a table or index that belongs with ``table`` (``<table><suffix>``).
+
+    A name that would pass PostgreSQL's 63-byte limit is built from a hash of
+    ``table`` instead, so that it is never truncated into another table's name.
+    """
+    name = table + suffix
+    if len(name.encode("utf-8")) <= _MAX_IDENTIFIER_BYTES:
+        return name
+    return f"tenure_{hashlib.sha256(table.encode()).hexdigest()[:24]}{suffix}"
 
 
 def _describe(conninfo: str) -> tuple[str, str | None]:
@@ -175,6 +187,7 @@ class PgConnection:
         listen_conninfo: str | None,
         on_notify: Callable[[str], None],
         on_gap: Callable[[], None],
+        ping_interval: float = 5.0,
     ) -> None:
         self.schema = check_identifier(schema, "schema")
         self.table = check_identifier(table, "table")
@@ -233,17 +246,42 @@ class PgConnection:
         # qualified table name fits whatever the names are.
         digest = hashlib.sha256(f"{self.schema}\0{self.table}".encode()).hexdigest()[:24]
         self.channel = f"tenure_{digest}"
-        self._on_notify = on_notify
-        self._on_gap = on_gap
+        # Events have a channel of their own (payload: the topic in hex); the
+        # one LISTEN connection listens on both.
+        self.event_channel = f"tenure_{digest}_e"
+        self._handlers: dict[str, Callable[[str], None]] = {self.channel: on_notify}
+        self._gap_handlers: list[Callable[[], None]] = [on_gap]
+        self._ping_interval = ping_interval
+        names = {
+            "waiters": "_waiters",
+            "events": "_events",
+            "groups": "_groups",
+            "claims": "_claims",
+        }
+        indexes = {
+            "events_source": "_events_source",
+            "events_keep": "_events_keep",
+            "events_stored": "_events_stored",
+            "groups_alive": "_groups_alive",
+            "claims_event": "_claims_event",
+        }
         self._names = {
             "schema": sql.Identifier(self.schema),
             "table": sql.Identifier(self.schema, self.table),
             "now": sql.Identifier(self.schema, "lease_now"),
+            # Index names take no schema: an index lives in its table's schema.
+            **{
+                k: sql.Identifier(self.schema, derived_name(self.table, v))
+                for k, v in names.items()
+            },
+            **{k: sql.Identifier(derived_name(self.table, v)) for k, v in indexes.items()},
         }
+        self._table_names = {k: derived_name(self.table, v) for k, v in names.items()}
 
         self.closed = False
         self.opened = False
         self._ready = False
+        self.events_ready = False
         self._ready_lock = asyncio.Lock()
         self._listen_task: asyncio.Task[None] | None = None
         self._listen_ready: asyncio.Future[None] | None = None
@@ -252,6 +290,16 @@ class PgConnection:
     def render(self, name: str) -> str:
         """``sql/<name>.sql`` with the schema, table and clock names composed in."""
         return sql.SQL(load(name)).format(**self._names).as_string(None)
+
+    def on_events(self, notify: Callable[[str], None], gap: Callable[[], None]) -> None:
+        """Also deliver notifications of the event channel to ``notify``; ``gap``
+        is called when the LISTEN connection came back (some may have been missed)."""
+        self._handlers[self.event_channel] = notify
+        self._gap_handlers.append(gap)
+
+    def _gap(self) -> None:
+        for handler in self._gap_handlers:
+            handler()
 
     # -- errors ----------------------------------------------------------------
 
@@ -377,42 +425,76 @@ class PgConnection:
                     raise self.error(op, exc) from exc
             self._ready = True
 
+    async def prepare_events(self, op: str) -> None:
+        """First use of the event half: create the event tables (once)."""
+        if self.events_ready:
+            return
+        await self.prepare(op)
+        async with self._ready_lock:
+            if self.events_ready:
+                return
+            try:
+                async with self.pool.connection() as conn:
+                    await self._ensure(
+                        conn,
+                        "events_schema",
+                        [self._table_names[t] for t in ("events", "groups", "claims")],
+                    )
+            except PoolTimeout as exc:
+                raise await self._diagnosed(op, exc) from exc
+            except psycopg.Error as exc:
+                raise self.error(op, exc) from exc
+            self.events_ready = True
+
     async def _create_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await self._ensure(conn, "schema", [self.table, self._table_names["waiters"]], clock=True)
+
+    async def _ensure(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        file: str,
+        tables: list[str],
+        *,
+        clock: bool = False,
+    ) -> None:
+        """Run ``sql/<file>.sql`` unless every one of ``tables`` (and the clock
+        function, with ``clock``) exists; the clock is the file's last statement."""
         exists = sql.SQL(
             "SELECT"
-            " EXISTS (SELECT FROM pg_catalog.pg_class c"
+            " (SELECT count(*) FROM pg_catalog.pg_class c"
             " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %(schema)s AND c.relname = %(table)s),"
+            " WHERE n.nspname = %(schema)s AND c.relname = ANY(%(tables)s)) = %(n)s,"
             " EXISTS (SELECT FROM pg_catalog.pg_proc p"
             " JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace"
             " WHERE n.nspname = %(schema)s AND p.proname = 'lease_now' AND p.pronargs = 0)"
         )
-        params = {"schema": self.schema, "table": self.table}
+        params = {"schema": self.schema, "tables": tables, "n": len(tables)}
         async with conn.transaction():
             # The second check below must see what another session committed
             # while this one waited for the lock: a fresh snapshot per statement.
             await conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
             row = await (await conn.execute(exists, params)).fetchone()
             assert row is not None
-            if row[0] and row[1]:
+            if row[0] and (row[1] or not clock):
                 return
             # CREATE … IF NOT EXISTS still races on the catalogs' unique
             # indexes when two sessions run it at once; the lock serialises them.
             await conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", (_DDL_LOCK_ID,))
             row = await (await conn.execute(exists, params)).fetchone()
             assert row is not None
-            has_table, has_clock = row
-            *tables, clock = [
+            has_tables, has_clock = row
+            statements = [
                 sql.SQL(part.strip()).format(**self._names)
-                for part in load("schema").split("\n--;\n")
+                for part in load(file).split("\n--;\n")
                 if part.strip()
             ]
-            if not has_table:
-                for statement in tables:
+            clock_statement = statements.pop() if clock else None
+            if not has_tables:
+                for statement in statements:
                     await conn.execute(statement)
-            if not has_clock:
-                await conn.execute(clock)
-            logger.info("created the lease table %s.%s", self.schema, self.table)
+                logger.info("created the tables of %s in schema %s", file, self.schema)
+            if clock_statement is not None and not has_clock:
+                await conn.execute(clock_statement)
 
     # -- statements ------------------------------------------------------------------
 
@@ -503,7 +585,17 @@ class PgConnection:
         await asyncio.shield(self._listen_ready)
 
     async def _listen(self, ready: asyncio.Future[None]) -> None:
-        listen = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
+        """The LISTEN connection: a session of its own, outside the pool.
+
+        Between notifications it pings the server every ``ping_interval``
+        seconds (bounded by ``call_timeout``), so a connection that died
+        silently (a paused server, a black hole) is found and replaced. Every
+        reconnection calls the gap handlers: notifications sent meanwhile are lost.
+        """
+        listen = sql.SQL("").join(
+            sql.SQL("LISTEN {};").format(sql.Identifier(channel))
+            for channel in (self.channel, self.event_channel)
+        )
         delay = 0.1
         while not self.closed:
             try:
@@ -511,20 +603,26 @@ class PgConnection:
                 try:
                     await conn.execute(listen)
                     if ready.done():
-                        # Reconnected: releases may have been missed meanwhile.
-                        self._on_gap()
+                        # Reconnected: notifications may have been missed meanwhile.
+                        self._gap()
                     else:
                         ready.set_result(None)
                     delay = 0.1
-                    async for note in conn.notifies():
-                        self._on_notify(note.payload)
+                    while True:
+                        async for note in conn.notifies(timeout=self._ping_interval):
+                            handler = self._handlers.get(note.channel)
+                            if handler is not None:
+                                handler(note.payload)
+                        await self._ping(conn)
                 finally:
                     await conn.close()
-            except psycopg.Error as exc:
+            except (psycopg.Error, BackendUnavailable) as exc:
                 if not ready.done():
-                    ready.set_exception(self.error("LISTEN", exc))
+                    ready.set_exception(
+                        exc if isinstance(exc, TenureError) else self.error("LISTEN", exc)
+                    )
                     return
-                self._on_gap()
+                self._gap()
                 logger.warning(
                     "LISTEN connection to PostgreSQL at %s lost (%s); reconnecting in %.1f s",
                     self.where,
@@ -533,6 +631,15 @@ class PgConnection:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    async def _ping(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """One ``SELECT 1`` on the LISTEN connection within ``call_timeout``."""
+        task = asyncio.ensure_future(conn.execute("SELECT 1"))
+        await asyncio.wait((task,), timeout=self.call_timeout)
+        if not task.done():
+            self._abandon(task)
+            raise BackendUnavailable(f"no answer to a ping within {self.call_timeout:g} s")
+        task.result()
 
     # -- life cycle ------------------------------------------------------------------
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import uuid
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit, urlunsplit
 
 from psycopg_pool import AsyncConnectionPool
@@ -111,13 +112,23 @@ class PostgresLeaseProvider(LeaseCore):
     connection: pass ``listen_conninfo=`` when the main URL goes through
     PgBouncer in transaction mode.
 
-    **Wake-ups.** Release and transfer also ``pg_notify`` a channel named after
-    the table (payload: the key in hex); each listening process wakes one of
-    its waiters. PostgreSQL serialises the commits of notifying transactions,
-    which costs some throughput when many processes release at once (see
-    ``benchmarks/postgres.py``). When the ``LISTEN`` connection is lost and
-    comes back every waiter is woken (releases in between may have been
-    missed). Expiry sends no notification: waiters learn of it by their timeout.
+    **Wake-ups, paid only when someone waits.** A waiter first registers
+    (a row ``(key, instance, until)`` in ``<table>_waiters``, committed, kept
+    until its wait times out), then reads the lease. Release and transfer
+    ``pg_notify`` a channel named after the table (payload: the key in hex)
+    only when a live registration for the key exists, in the same statement;
+    each listening process wakes one of its waiters. A release that commits
+    after the registration sees it and notifies; one before it is seen by the
+    waiter's read. So a release nobody waits for sends no notification:
+    PostgreSQL serialises the commits of notifying transactions, which would
+    cost every release throughput (see ``benchmarks/postgres.py``). A
+    registration outlives a waiter woken early until its timeout (a later
+    release then still notifies); expired ones are deleted by later
+    registrations and by the event half's pruning. When the ``LISTEN``
+    connection is lost and comes back every waiter is woken (releases in
+    between may have been missed); the connection is pinged every 5 s, so one
+    that died silently is replaced. Expiry sends no notification: waiters
+    learn of it by their timeout.
 
     **When a lease can be lost.** Only when its owner does not renew within
     the TTL (measured on the server clock), or when someone changes the table
@@ -137,6 +148,9 @@ class PostgresLeaseProvider(LeaseCore):
         | Capability.RELEASE_WAKEUPS
         | Capability.ATOMIC_TRANSFER
     )
+    # The URL query options and keywords from_url accepts (a subclass adds its own).
+    _url_options: ClassVar[dict[str, tuple[str, Callable[[str], Any]]]] = _URL_OPTIONS
+    _kwargs: ClassVar[frozenset[str]] = _KWARGS
 
     def __init__(
         self,
@@ -175,9 +189,12 @@ class PostgresLeaseProvider(LeaseCore):
         self._q_renew = render("renew")
         self._q_renew_many = render("renew_many")
         self._q_transfer = render("transfer")
+        self._q_waiter_register = render("waiter_register")
+        # This instance's name in the waiters table.
+        self._waiter_id = uuid.uuid4()
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> PostgresLeaseProvider:
+    def from_url(cls, url: str, **options: Any) -> Self:
         """Build from ``postgresql://user:password@host:port/dbname?…``.
 
         tenure's query options (``schema``, ``table``, ``pool_min_size``,
@@ -188,14 +205,14 @@ class PostgresLeaseProvider(LeaseCore):
         :class:`~tenure.ConfigurationError`. Keyword ``options`` (the
         constructor's) override the URL.
         """
-        unknown = sorted(set(options) - _KWARGS)
+        unknown = sorted(set(options) - cls._kwargs)
         if unknown:
             raise ConfigurationError(
                 f"unknown option(s) for postgresql://: {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(_KWARGS))}"
+                f"known: {', '.join(sorted(cls._kwargs))}"
             )
         query = parse_query(
-            url, {name: parse for name, (_, parse) in _URL_OPTIONS.items()}, pass_unknown=True
+            url, {name: parse for name, (_, parse) in cls._url_options.items()}, pass_unknown=True
         )
         parts = urlsplit(url)  # parse_query has parsed it already
         if parts.scheme.lower() not in {"postgresql", "postgres"}:
@@ -204,7 +221,7 @@ class PostgresLeaseProvider(LeaseCore):
             )
         conninfo = urlunsplit(parts._replace(query=query.rest_query()))
         kwargs: dict[str, Any] = {
-            _URL_OPTIONS[name][0]: value for name, value in query.ours.items()
+            cls._url_options[name][0]: value for name, value in query.ours.items()
         }
         kwargs.update(options)
         return cls(conninfo, **kwargs)
@@ -314,8 +331,18 @@ class PostgresLeaseProvider(LeaseCore):
 
     # -- waiting -----------------------------------------------------------------
 
-    async def _watch(self, key: str) -> None:
+    async def _watch(self, key: str, timeout: float) -> None:
         await self._conn.listen("wait_lease_released")
+        # Registered after LISTEN is up and before the lease is read: a
+        # release committed after this registration notifies, one before it
+        # is seen by the read. A little longer than the wait, for the time
+        # between here and the wait's start.
+        await self._conn.execute(
+            "wait_lease_released",
+            self._q_waiter_register,
+            {"key": key.encode(), "waiter": self._waiter_id, "seconds": timeout + 1.0},
+            retry=True,
+        )
 
     def _on_notify(self, payload: str) -> None:
         try:

@@ -149,7 +149,7 @@ class RedisLeases(RedisParts, LeaseCore):
 
     # -- waiting -----------------------------------------------------------------------
 
-    async def _watch(self, key: str) -> None:
+    async def _watch(self, key: str, timeout: float) -> None:
         await self._ensure_listener()
 
     async def _when_free(self, timeout: float) -> bool:

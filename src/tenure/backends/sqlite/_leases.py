@@ -183,7 +183,7 @@ class SqliteLeases(LeaseCore, Connected):
 
     # -- waiting: releases made by other processes are found by polling ---------------
 
-    async def _watch(self, key: str) -> None:
+    async def _watch(self, key: str, timeout: float) -> None:
         self._worker.set_polling(True)
 
     def _watching(self, key: str, record: LeaseRecord) -> None:

@@ -1,8 +1,16 @@
 -- release_lease: free the row if the caller holds it (an expired lease still
 -- marked with the caller's name is freed too: nobody else holds it). The row
--- and its token stay, so the next owner gets token + 1. The notification
--- (sent at commit) wakes one waiter in every listening process; the payload
--- is the key in hex because NOTIFY payloads are text and cannot hold NUL.
-UPDATE {table} AS t SET owner = NULL
-WHERE t.key = %(key)s AND t.owner = %(owner)s
-RETURNING pg_catalog.pg_notify(%(channel)s, encode(t.key, 'hex'))
+-- and its token stay, so the next owner gets token + 1. Only when a waiter is
+-- registered for the key (waiter_register.sql, committed before the waiter
+-- reads the lease) is a notification sent, at commit: it wakes one waiter in
+-- every listening process. The payload is the key in hex because NOTIFY
+-- payloads are text and cannot hold NUL.
+WITH r AS (
+    UPDATE {table} AS t SET owner = NULL
+    WHERE t.key = %(key)s AND t.owner = %(owner)s
+    RETURNING t.key
+)
+SELECT (SELECT count(pg_catalog.pg_notify(%(channel)s, encode(w.key, 'hex')))
+        FROM (SELECT w.key FROM {waiters} AS w
+              WHERE w.key = r.key AND w.until > {now}() LIMIT 1) AS w)
+FROM r

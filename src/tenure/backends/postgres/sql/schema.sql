@@ -1,8 +1,8 @@
 -- First-use set-up, run in one transaction holding a transaction-scoped
--- advisory lock, and only when the table or the clock function is missing
+-- advisory lock, and only when a table or the clock function is missing
 -- (the function is created only when it is missing, so a replaced clock
 -- survives).
--- {schema} and {table} are identifiers composed by psycopg.sql, never pasted.
+-- {schema} and the table names are identifiers composed by psycopg.sql, never pasted.
 -- Statements are separated by lines holding only "--;".
 CREATE SCHEMA IF NOT EXISTS {schema}
 --;
@@ -14,6 +14,17 @@ CREATE TABLE IF NOT EXISTS {table} (
     owner    bytea,
     token    bigint      NOT NULL,
     deadline timestamptz NOT NULL
+)
+--;
+-- Who waits for a release (wait_lease_released): one row per key and waiting
+-- backend instance, until the longest of its waits times out. Release and
+-- transfer notify only when a live row exists, so a release nobody waits for
+-- costs no NOTIFY (whose commit PostgreSQL serialises).
+CREATE TABLE IF NOT EXISTS {waiters} (
+    key    bytea       NOT NULL,
+    waiter uuid        NOT NULL,
+    until  timestamptz NOT NULL,
+    PRIMARY KEY (key, waiter)
 )
 --;
 -- The one clock every statement reads. clock_timestamp() is the real time of

@@ -1,0 +1,174 @@
+"""``PostgresPubSub``: the lease half and the event half on one database."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from ..._contract import Capability
+from ..._errors import ConfigurationError
+from ..._url import to_int, to_seconds
+from ._events import EventOptions, PostgresEvents
+from ._leases import _KWARGS, _URL_OPTIONS, PostgresLeaseProvider
+
+__all__ = ["PostgresPubSub"]
+
+_EVENT_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "visibility_timeout": ("visibility_timeout", to_seconds),
+    "max_attempts": ("max_attempts", to_int(1)),
+    "poll_interval": ("poll_interval", to_seconds),
+    "prune_interval": ("prune_interval", to_seconds),
+    "retention": ("retention", to_seconds),
+    "dedupe_window": ("dedupe_window", to_seconds),
+}
+
+
+def _event_options(values: dict[str, Any]) -> EventOptions:
+    for name, value in values.items():
+        if name == "max_attempts":
+            if type(value) is not int or value < 1:
+                raise ConfigurationError(f"max_attempts must be an int >= 1, got {value!r}")
+        elif (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value < math.inf
+        ):
+            raise ConfigurationError(
+                f"{name} must be a finite number of seconds > 0, got {value!r}"
+            )
+    opts = EventOptions(**values)
+    if opts.dedupe_window > opts.retention:
+        raise ConfigurationError("dedupe_window must be at most retention")
+    return opts
+
+
+class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
+    """Leases and durable pub/sub in one PostgreSQL database (``postgresql://``).
+
+    The lease half is :class:`PostgresLeaseProvider` (its docstring states the
+    lease guarantees, the clock, connections, the time limit and PgBouncer).
+    This class adds events.
+
+    **Storage.** Three tables next to the lease table (``<table>_events``,
+    ``<table>_groups``, ``<table>_claims``), created at the first use of the
+    event half in one transaction under the DDL advisory lock, so processes
+    may start at once. A publish is one statement: it inserts the event and
+    one *claim* row for each consumer group of its topic, and notifies. A
+    group's claims are its queue. Not a cursor over event ids: identity
+    values are handed out before commit, so an event with a smaller id can
+    commit after a reader moved past it, and a cursor would skip it. Events
+    published while a topic has no group are not stored. A group created by
+    ``subscribe`` receives every event published after it committed.
+
+    **Taking.** Each local group has a fetch loop that takes up to 100 due
+    claims at once, oldest first, with ``FOR UPDATE SKIP LOCKED``: members of
+    a group (in any process) never wait for each other, and each claim goes to
+    one of them. Taking sets the claim's ``visible_at`` to now +
+    ``visibility_timeout`` (default 30 s) and counts the attempt; while this
+    instance lives it extends its claims every ``visibility_timeout / 3``.
+    Members hand events to their callbacks in event order. A callback that
+    returns acknowledges; outcomes are written in batches (one statement of up
+    to 1000), each naming the delivery (instance and attempt) it settles, so
+    one from a delivery that was reclaimed or taken over changes nothing. A
+    callback that raises gets the event again at once, ``attempt`` increased,
+    up to ``max_attempts`` (default 5), after which the event is dropped and
+    logged at ERROR. A subscriber process that dies (or is paused past the
+    timeout) has its claims taken by another member after
+    ``visibility_timeout``; ``unsubscribe`` and ``aclose`` hand undelivered
+    claims back at once. Delivery is at least once.
+
+    **Wake-ups.** One dedicated ``LISTEN`` connection per instance (outside
+    the pool) listens on the lease channel and on the event channel (payload:
+    the topic in hex); a publish notifies in its own statement, so members
+    elsewhere take the event as soon as it commits. ``LISTEN`` needs a
+    *session*: a direct connection or a session-pooled one, never PgBouncer
+    in transaction pooling mode (pass ``listen_conninfo=`` then). Every
+    statement of the event half is a single statement in its own transaction,
+    like the lease statements, so the pool itself may sit behind PgBouncer in
+    transaction mode. Notifications can be lost (the ``LISTEN`` connection is
+    replaced after an error, or after an unanswered ping every 5 s): each
+    reconnection wakes every local group, and a slow fallback poll takes due
+    claims every ``poll_interval`` seconds (default 1) anyway, which also
+    finds redeliveries that came due. So a lost notification delays an event
+    by at most ``poll_interval``, and an idle subscriber costs one cheap
+    statement per group per ``poll_interval``.
+
+    **Fan-out.** A subscriber without a group gets a private group, deleted
+    on ``unsubscribe``, on ``aclose`` or, when its process died, by any other
+    instance after ``5 * visibility_timeout`` without a heartbeat. A process
+    stopped for that long joins again and misses what was published
+    meanwhile (logged at WARNING).
+
+    **Retention.** An event goes with its last claim (when its group
+    acknowledges it, in the same statement, or by the pruning every
+    ``prune_interval`` seconds, default 10); one a publisher gave an id stays
+    for ``dedupe_window`` (default 24 h) for deduplication. Any event older
+    than ``retention`` (default 7 days) goes even if unacknowledged, with its
+    claims. Dead private groups and expired release-wait registrations are
+    pruned too. Named groups are durable and are never pruned: a drained
+    group is one row (like a lease key), so the runtime's groups never vanish
+    under it.
+
+    **Deduplication** (``DEDUPE``). A publish whose caller set ``event.id``
+    stores nothing if an event with that id is kept for the topic, and returns
+    that first event (same id, ``created_at`` and data). The check is a unique
+    index on (topic, id) in the publishing statement, so two concurrent
+    publishes of one id, from any processes, store one event; such a publish
+    is retried once after a broken connection (the retry finds the first).
+
+    **Reclaim** (``RECLAIM``). ``reclaim(topic, group)`` makes every claim of
+    the named group that a member took and has not acknowledged due at once,
+    in one statement (this instance's pending outcomes are written first).
+    Members take them before newer events, as one more attempt. Members of
+    this instance take at once, others at their next notification or poll;
+    a reclaimed member that is still alive stops delivering what it had
+    queued at once in this instance, at its next heartbeat elsewhere.
+
+    **Backlog** (``BACKLOG``). ``backlog(prefix, group)`` lists the topics
+    starting with ``prefix`` whose named group has claims (unread or not
+    acknowledged): one pass over the claims in flight, idle topics cost
+    nothing.
+
+    **Clock.** Visibility, retention and heartbeats are judged on the lease
+    clock ``<schema>.lease_now()`` (``clock_timestamp()``), never on a client's.
+
+    Options (keyword arguments or URL query parameters), besides the lease
+    half's: ``visibility_timeout``, ``max_attempts``, ``poll_interval``,
+    ``prune_interval``, ``retention``, ``dedupe_window``.
+    """
+
+    capabilities = (
+        Capability.RECORD
+        | Capability.RENEW_MANY
+        | Capability.RELEASE_WAKEUPS
+        | Capability.ATOMIC_TRANSFER
+        | Capability.EVENTS
+        | Capability.DURABLE_GROUPS
+        | Capability.DEDUPE
+        | Capability.RECLAIM
+        | Capability.BACKLOG
+    )
+    _url_options: ClassVar[dict[str, tuple[str, Callable[[str], Any]]]] = {
+        **_URL_OPTIONS,
+        **_EVENT_OPTIONS,
+    }
+    _kwargs: ClassVar[frozenset[str]] = _KWARGS | frozenset(_EVENT_OPTIONS)
+
+    def __init__(self, conninfo: str = "", **options: Any) -> None:
+        events = {name: options.pop(name) for name in _EVENT_OPTIONS if name in options}
+        opts = _event_options(events)
+        super().__init__(conninfo, **options)
+        self._init_events(opts)
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("PostgresLeaseProvider(", "PostgresPubSub(", 1)
+
+    async def aclose(self) -> None:
+        """Stop delivery, hand back taken events, close the pool and the LISTEN connection."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._close_events()
+        await self._conn.aclose()
+        self._waiters.wake_all()

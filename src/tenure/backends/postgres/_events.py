@@ -1,0 +1,638 @@
+"""The event half of the PostgreSQL backend: an event log, group claims, LISTEN wake-ups.
+
+:class:`PostgresEvents` is the event-loop side: a fetch loop per local group
+that takes claims in batches (woken by notifications, local publishes and a
+slow fallback poll), delivery workers, batched outcomes, heartbeats and
+pruning. Every statement is one file in ``sql/``; see :class:`PostgresPubSub`
+for the guarantees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from ..._errors import BackendUnavailable, InvalidArgument
+from ..._pubsub import (
+    Callback,
+    Event,
+    PubSub,
+    check_callback,
+    check_group,
+    join_slot,
+    prepare_event,
+    remove_member,
+)
+from ..._validate import check_name
+from ._connection import PgConnection
+
+__all__ = ["EventOptions", "PostgresEvents"]
+
+logger = logging.getLogger("tenure.postgres")
+
+_BATCH = 100  # claims taken per fetch
+_SETTLE_BATCH = 1000  # outcomes written per statement
+# Past every topic that starts with a given prefix: no UTF-8 text has a 0xFF byte.
+_PAST_ALL = b"\xff"
+
+# (group id, event id, attempt delivered, failed): an acknowledgement, or a
+# failed attempt that the consumer delivers again itself.
+_Outcome = tuple[int, int, int, bool]
+
+
+@dataclass(frozen=True)
+class EventOptions:
+    """The event half's settings (seconds unless said otherwise)."""
+
+    visibility_timeout: float = 30.0
+    max_attempts: int = 5
+    poll_interval: float = 1.0
+    prune_interval: float = 10.0
+    retention: float = 7 * 24 * 3600.0
+    dedupe_window: float = 24 * 3600.0
+
+
+@dataclass(eq=False)
+class _Group:
+    """This instance's view of one consumer group on one topic.
+
+    A fan-out subscriber has a private group of its own; a named group is shared
+    by its members in every process, who compete for its claims.
+    """
+
+    topic: str
+    name: str | None
+    gid: int
+    queue: asyncio.Queue[tuple[int, Event]] = field(default_factory=asyncio.Queue)
+    workers: dict[Callback, asyncio.Task[None]] = field(default_factory=dict)
+    # Event id -> attempt, for the claims this instance took and has not yet
+    # settled; the heartbeat extends them. A queued event whose attempt is not
+    # (or no longer) here was reclaimed or taken by another member: not delivered.
+    held: dict[int, int] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    progress: asyncio.Event = field(default_factory=asyncio.Event)
+    fetcher: asyncio.Task[None] | None = None
+    # flush: fetches asked for, and the last one that found nothing more due.
+    asked: int = 0
+    drained: int = 0
+
+    @property
+    def private(self) -> bool:
+        return self.name is None
+
+
+class PostgresEvents(PubSub):
+    """Pub/sub on the event tables: the event-loop side (mixed into :class:`PostgresPubSub`)."""
+
+    _conn: PgConnection
+    _closed: bool
+
+    if TYPE_CHECKING:
+
+        def _check_open(self) -> None: ...  # from LeaseCore, first in the backend's MRO
+
+    def _init_events(self, opts: EventOptions) -> None:
+        self._event_opts = opts
+        self._consumer = uuid.uuid4()
+        # A private group whose instance stops heart-beating (every
+        # visibility_timeout / 3) is deleted by any instance after this long.
+        self._alive_for = 5 * opts.visibility_timeout
+        self._topics: dict[str, dict[str | Callback, _Group]] = {}
+        self._maintenance_task: asyncio.Task[None] | None = None
+        self._outcomes: deque[_Outcome] = deque()
+        self._settler: asyncio.Task[None] | None = None
+        self._settled = asyncio.Event()
+        self._settled.set()
+        render = self._conn.render
+        self._q_publish = render("event_publish")
+        self._q_first = render("event_first")
+        self._q_prune = render("event_prune")
+        self._q_expire = render("event_expire")
+        self._q_join = render("group_join")
+        self._q_alive = render("group_alive")
+        self._q_delete_group = render("group_delete")
+        self._q_prune_groups = render("group_prune_dead")
+        self._q_backlog = render("group_backlog")
+        self._q_take = render("claim_take")
+        self._q_settle = render("claim_settle")
+        self._q_extend = render("claim_extend")
+        self._q_hand_back = render("claim_hand_back")
+        self._q_reclaim = render("claim_reclaim")
+        self._q_prune_waiters = render("waiter_prune")
+        self._q_prune_orphans = render("claim_prune_orphans")
+        self._conn.on_events(self._on_event_notify, self._wake_all)
+
+    async def _sql(
+        self, op: str, query: str, params: dict[str, Any], *, retry: bool = False
+    ) -> list[tuple[Any, ...]]:
+        if not self._conn.events_ready:
+            await self._conn.bounded(op, self._conn.prepare_events(op))
+        return await self._conn.execute(op, query, params, retry=retry)
+
+    def _on_event_notify(self, payload: str) -> None:
+        try:
+            topic = bytes.fromhex(payload).decode("utf-8")
+        except ValueError:
+            logger.warning("ignoring a malformed notification on %s", self._conn.event_channel)
+            return
+        for group in self._topics.get(topic, {}).values():
+            group.wake.set()
+
+    def _wake_all(self) -> None:
+        for groups in self._topics.values():
+            for group in groups.values():
+                group.wake.set()
+
+    # -- the contract -----------------------------------------------------------------
+
+    async def publish(self, topic: str, event: Event) -> Event:
+        """Store ``event`` with one claim per consumer group of ``topic``; nothing without a group.
+
+        If the caller set ``event.id`` and an event with that id is kept for
+        ``topic`` (see ``dedupe_window``), nothing is stored and that first
+        event is returned.
+        """
+        check_name(topic, "topic")
+        given = isinstance(event, Event) and bool(event.id)
+        event = prepare_event(event)
+        self._check_open()
+        source: bytes | None = None
+        if given:
+            assert event.id is not None
+            try:
+                source = event.id.encode()
+            except UnicodeEncodeError:
+                raise InvalidArgument("event.id must be encodable as UTF-8") from None
+        topic_b = topic.encode()
+        params = {
+            "topic": topic_b,
+            "body": event.to_json(),
+            "source": source,
+            "keep": self._event_opts.dedupe_window if given else 0.0,
+            "channel": self._conn.event_channel,
+        }
+        # With a caller id a retry after a broken connection is safe: the first
+        # attempt, if it was stored, is found and returned.
+        rows = await self._sql("publish", self._q_publish, params, retry=given)
+        stored, first, _ = rows[0]
+        if stored is None and source is not None:
+            if first is None:
+                # A concurrent publish of the same id committed after this
+                # statement's snapshot; or the topic has no group.
+                found = await self._sql(
+                    "publish", self._q_first, {"topic": topic_b, "source": source}, retry=True
+                )
+                first = found[0][0] if found else None
+            if first is not None:
+                return Event.from_json(first)
+        if stored is not None:
+            for group in self._topics.get(topic, {}).values():
+                group.wake.set()
+        return event
+
+    async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
+        """Deliver events published on ``topic`` from now on to ``callback``.
+
+        With ``group``, join that durable group (created if it does not exist
+        yet, in any process); members compete for its events.
+        """
+        check_name(topic, "topic")
+        check_callback(callback)
+        check_group(group)
+        self._check_open()
+        groups, slot = join_slot(self._topics, topic, callback, group)
+        target = groups.get(slot)
+        loop = asyncio.get_running_loop()
+        if target is None:
+            try:
+                gid = await self._join(topic, group)
+            except BaseException:
+                if not groups:
+                    del self._topics[topic]
+                raise
+            target = groups.get(slot)  # another subscribe may have won while we waited
+            if target is None:
+                target = groups[slot] = _Group(topic, group, gid)
+                target.fetcher = loop.create_task(
+                    self._fetch_loop(target), name=f"tenure-postgres-fetch-{topic}"
+                )
+            elif group is None:  # the same callback subscribed twice at once
+                await self._sql("subscribe", self._q_delete_group, {"id": gid}, retry=True)
+                raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
+        if callback in target.workers:
+            raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
+        target.workers[callback] = loop.create_task(
+            self._deliver(target, callback), name=f"tenure-postgres-{topic}"
+        )
+        target.wake.set()
+        if self._maintenance_task is None or self._maintenance_task.done():
+            self._maintenance_task = loop.create_task(
+                self._maintain(), name="tenure-postgres-maintenance"
+            )
+
+    async def _join(self, topic: str, group: str | None) -> int:
+        # LISTEN first: a publish committed after the group exists must wake us.
+        await self._conn.listen("subscribe")
+        name = b"\0fan-out\0" + uuid.uuid4().bytes if group is None else group.encode()
+        rows = await self._sql(
+            "subscribe",
+            self._q_join,
+            {
+                "topic": topic.encode(),
+                "name": name,
+                "private": group is None,
+                "alive": self._alive_for,
+            },
+            retry=True,
+        )
+        gid: int = rows[0][0]
+        return gid
+
+    async def unsubscribe(self, topic: str, callback: Callback) -> None:
+        check_name(topic, "topic")
+        self._check_open()
+        groups = self._topics.get(topic, {})
+        for slot, target in await remove_member(groups, callback):
+            del groups[slot]
+            await self._leave(target)
+        if not groups:
+            self._topics.pop(topic, None)
+        # What the member finished is acknowledged before this returns: a
+        # successor that reclaims next does not get it again.
+        await self._settle_all()
+
+    async def reclaim(self, topic: str, group: str) -> int:
+        """Give every event a member of ``group`` took and has not acknowledged back to the group now.
+
+        Returns how many (0 if the topic or group does not exist). Members take
+        them before any newer event, oldest first, each as one more attempt.
+        """
+        check_name(topic, "topic")
+        check_name(group, "group")
+        self._check_open()
+        # This instance's outcomes first, so an event it finished just before
+        # is not delivered again.
+        await self._settle_all()
+        taken = await self._sql(
+            "reclaim",
+            self._q_reclaim,
+            {"topic": topic.encode(), "name": group.encode()},
+            retry=True,
+        )
+        target = self._topics.get(topic, {}).get(group)
+        if target is not None:
+            for event_id, attempt, consumer in taken:
+                if consumer == self._consumer and target.held.get(event_id) == attempt:
+                    del target.held[event_id]
+            target.wake.set()
+        return len(taken)
+
+    async def backlog(self, prefix: str, group: str) -> list[str]:
+        """The topics starting with ``prefix`` whose ``group`` has events not yet acknowledged."""
+        if not isinstance(prefix, str):
+            raise InvalidArgument(f"prefix must be a str, got {type(prefix).__name__}")
+        check_name(group, "group")
+        self._check_open()
+        try:
+            low = prefix.encode()
+        except UnicodeEncodeError:
+            raise InvalidArgument("prefix must be encodable as UTF-8") from None
+        # Every UTF-8 text that starts with low sorts before this bound, and no other.
+        high = low[:-1] + bytes([low[-1] + 1]) if low else _PAST_ALL
+        rows = await self._sql(
+            "backlog",
+            self._q_backlog,
+            {"name": group.encode(), "low": low, "high": high},
+            retry=True,
+        )
+        return [bytes(topic).decode() for (topic,) in rows]
+
+    async def flush(self) -> None:
+        """Wait until this instance's subscribers have handled what was published so far.
+
+        Exactly: each local group takes claims until a take, started after the
+        call, finds none due (every event committed before the call is then
+        taken, by this instance or by another process's member of the same
+        group), and every event this instance took by then has been handled
+        (its callback returned, or raised its last allowed time). Events
+        another process took, and redeliveries not yet due
+        (``visibility_timeout``), are not waited for. Outcomes are written
+        shortly after, in batches.
+        """
+        self._check_open()
+        for group in [g for gs in self._topics.values() for g in gs.values()]:
+            group.asked += 1
+            wanted = group.asked
+            while group.drained < wanted and group.fetcher is not None and not group.fetcher.done():
+                group.progress.clear()
+                group.wake.set()
+                await group.progress.wait()
+            if group.workers:
+                await group.queue.join()
+
+    # -- taking and delivering ----------------------------------------------------------
+
+    async def _leave(self, target: _Group) -> None:
+        if target.fetcher is not None:
+            target.fetcher.cancel()
+            await asyncio.gather(target.fetcher, return_exceptions=True)
+        if target.private:
+            await self._sql("unsubscribe", self._q_delete_group, {"id": target.gid}, retry=True)
+            return
+        unfinished: list[tuple[int, int]] = []
+        while not target.queue.empty():
+            event_id, event = target.queue.get_nowait()
+            if target.held.get(event_id) == event.attempt:
+                del target.held[event_id]
+                unfinished.append((event_id, event.attempt))
+        if unfinished:
+            await self._sql(
+                "unsubscribe",
+                self._q_hand_back,
+                {
+                    "groups": [target.gid] * len(unfinished),
+                    "events": [e for e, _ in unfinished],
+                    "attempts": [a for _, a in unfinished],
+                    "consumer": self._consumer,
+                },
+                retry=True,
+            )
+
+    async def _take(self, group: _Group) -> list[tuple[int, int, str]]:
+        rows = await self._sql(
+            "take events",
+            self._q_take,
+            {
+                "group": group.gid,
+                "limit": _BATCH,
+                "visible": self._event_opts.visibility_timeout,
+                "consumer": self._consumer,
+            },
+        )
+        return sorted((int(e), int(a), body) for e, a, body in rows)
+
+    async def _fetch_loop(self, group: _Group) -> None:
+        max_attempts = self._event_opts.max_attempts
+        while True:
+            await group.wake.wait()
+            group.wake.clear()
+            asked = group.asked
+            job = asyncio.ensure_future(self._take(group))
+            try:
+                claimed = await asyncio.shield(job)
+            except asyncio.CancelledError:
+                # Leaving: queue what the take got, so that leaving hands it
+                # back instead of stranding it until the visibility timeout.
+                with contextlib.suppress(Exception):
+                    self._queue_claimed(group, await job, max_attempts)
+                raise
+            except BackendUnavailable as exc:
+                logger.warning("cannot take events of topic %r: %s", group.topic, exc)
+                group.drained = max(group.drained, asked)  # flush does not wait through an outage
+                group.progress.set()
+                await asyncio.sleep(0.5)
+                group.wake.set()
+                continue
+            self._queue_claimed(group, claimed, max_attempts)
+            if len(claimed) >= _BATCH:
+                group.progress.set()
+                await group.queue.join()
+                group.wake.set()
+            else:
+                group.drained = max(group.drained, asked)
+                group.progress.set()
+
+    def _queue_claimed(
+        self, group: _Group, claimed: list[tuple[int, int, str]], max_attempts: int
+    ) -> None:
+        for event_id, attempt, body in claimed:
+            if attempt > max_attempts:
+                logger.error(
+                    "event %d of topic %r was delivered %d times without being acknowledged "
+                    "(its subscribers died or raised); dropping it",
+                    event_id,
+                    group.topic,
+                    attempt - 1,
+                )
+                self._settle(group.gid, event_id, attempt)
+                continue
+            group.held[event_id] = attempt
+            group.queue.put_nowait((event_id, Event.from_json(body, attempt)))
+
+    async def _deliver(self, group: _Group, callback: Callback) -> None:
+        queue_ = group.queue
+        max_attempts = self._event_opts.max_attempts
+        held = group.held
+        while True:
+            event_id, event = await queue_.get()
+            if held.get(event_id) != event.attempt:
+                queue_.task_done()  # reclaimed or taken by another member meanwhile
+                continue
+            try:
+                await callback(event)
+            except asyncio.CancelledError:
+                # Unsubscribed mid-delivery: hand the event to another member.
+                queue_.put_nowait((event_id, event))
+                raise
+            except Exception:
+                if held.get(event_id) != event.attempt:
+                    pass  # reclaimed while it ran: no longer ours to retry or drop
+                elif event.attempt < max_attempts:
+                    logger.warning(
+                        "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
+                        group.topic,
+                        event.id,
+                        event.attempt,
+                        max_attempts,
+                        exc_info=True,
+                    )
+                    self._settle(group.gid, event_id, event.attempt, failed=True)
+                    held[event_id] = event.attempt + 1
+                    queue_.put_nowait((event_id, replace(event, attempt=event.attempt + 1)))
+                else:
+                    logger.error(
+                        "callback for topic %r raised on event %s %d times; dropping it",
+                        group.topic,
+                        event.id,
+                        event.attempt,
+                        exc_info=True,
+                    )
+                    del held[event_id]
+                    self._settle(group.gid, event_id, event.attempt)
+            else:
+                if held.get(event_id) == event.attempt:
+                    del held[event_id]
+                # Written even when reclaimed meanwhile: it then changes nothing.
+                self._settle(group.gid, event_id, event.attempt)
+            finally:
+                queue_.task_done()
+
+    # -- outcomes, in batches -----------------------------------------------------------
+
+    def _settle(self, gid: int, event_id: int, attempt: int, *, failed: bool = False) -> None:
+        """Queue the outcome of delivery ``attempt``: acknowledged, or failed; written in batches."""
+        self._outcomes.append((gid, event_id, attempt, failed))
+        if self._settler is None or self._settler.done():
+            self._settled.clear()
+            self._settler = asyncio.get_running_loop().create_task(
+                self._settle_loop(), name="tenure-postgres-settle"
+            )
+
+    async def _settle_loop(self) -> None:
+        try:
+            while self._outcomes:
+                batch: list[_Outcome] = []
+                seen: set[tuple[int, int]] = set()
+                # Each claim at most once per statement (a failure, then the
+                # retry's success, go in two statements, in order).
+                while self._outcomes and len(batch) < _SETTLE_BATCH:
+                    claim = self._outcomes[0][:2]
+                    if claim in seen:
+                        break
+                    seen.add(claim)
+                    batch.append(self._outcomes.popleft())
+                # Locked in key order: no deadlock with a concurrent batch.
+                batch.sort()
+                try:
+                    await self._sql(
+                        "acknowledge events",
+                        self._q_settle,
+                        {
+                            "groups": [o[0] for o in batch],
+                            "events": [o[1] for o in batch],
+                            "attempts": [o[2] for o in batch],
+                            "failed": [o[3] for o in batch],
+                            "consumer": self._consumer,
+                            "visible": self._event_opts.visibility_timeout,
+                        },
+                        retry=True,
+                    )
+                except BackendUnavailable as exc:
+                    # The claims stay pending and are delivered again after
+                    # visibility_timeout (at least once).
+                    logger.warning("cannot write %d acknowledgements: %s", len(batch), exc)
+        finally:
+            self._settled.set()
+
+    async def _settle_all(self) -> None:
+        """Wait until every outcome queued so far is written (or given up)."""
+        while self._outcomes or not self._settled.is_set():
+            if self._settler is None or self._settler.done():
+                if not self._outcomes:
+                    break
+                self._settled.clear()
+                self._settler = asyncio.get_running_loop().create_task(
+                    self._settle_loop(), name="tenure-postgres-settle"
+                )
+            await self._settled.wait()
+
+    # -- upkeep -----------------------------------------------------------------------
+
+    async def _maintain(self) -> None:
+        """While there are subscribers: the fallback poll, heartbeats and pruning."""
+        opts = self._event_opts
+        tick = min(opts.poll_interval, opts.visibility_timeout / 4)
+        next_heartbeat = time.monotonic() + opts.visibility_timeout / 3
+        next_prune = time.monotonic()
+        while self._topics:
+            await asyncio.sleep(tick)
+            # The fallback poll: a lost notification (or a LISTEN connection
+            # being replaced) delays an event by one tick at most; due
+            # redeliveries are found the same way.
+            self._wake_all()
+            now = time.monotonic()
+            try:
+                if now >= next_heartbeat:
+                    next_heartbeat = now + opts.visibility_timeout / 3
+                    await self._heartbeat()
+                if now >= next_prune:
+                    next_prune = now + opts.prune_interval
+                    await self._prune()
+            except BackendUnavailable as exc:
+                logger.warning("cannot keep claims alive or prune: %s", exc)
+
+    async def _heartbeat(self) -> None:
+        """Extend this instance's claims and groups; forget the claims and groups it lost."""
+        await self._settle_all()  # the attempts compared below are then current
+        groups = [g for gs in self._topics.values() for g in gs.values()]
+        held = [(g.gid, e, a) for g in groups for e, a in g.held.items()]
+        kept: set[tuple[int, int]] = set()
+        if held:
+            rows = await self._sql(
+                "extend claims",
+                self._q_extend,
+                {
+                    "groups": [h[0] for h in held],
+                    "events": [h[1] for h in held],
+                    "attempts": [h[2] for h in held],
+                    "consumer": self._consumer,
+                    "visible": self._event_opts.visibility_timeout,
+                },
+                retry=True,
+            )
+            kept = {(int(g), int(e)) for g, e in rows}
+        by_gid = {g.gid: g for g in groups}
+        for gid, event_id, attempt in held:
+            owner = by_gid.get(gid)
+            if (
+                (gid, event_id) not in kept
+                and owner is not None
+                and owner.held.get(event_id) == attempt
+            ):
+                del owner.held[event_id]
+        alive = await self._sql(
+            "extend groups",
+            self._q_alive,
+            {"ids": list(by_gid), "alive": self._alive_for},
+            retry=True,
+        )
+        present = {int(gid) for (gid,) in alive}
+        current = {id(g) for gs in self._topics.values() for g in gs.values()}
+        for group in groups:
+            if group.gid not in present and id(group) in current:
+                await self._rejoin(group)
+
+    async def _rejoin(self, group: _Group) -> None:
+        logger.warning(
+            "consumer group of topic %r was deleted by another instance (this one was "
+            "silent for longer than 5 x visibility_timeout); joining again",
+            group.topic,
+        )
+        group.gid = await self._join(group.topic, group.name)
+        group.held.clear()
+        group.wake.set()
+
+    async def _prune(self) -> None:
+        for op, query, params in (
+            ("prune groups", self._q_prune_groups, {}),
+            ("prune claims", self._q_prune_orphans, {}),
+            ("prune events", self._q_expire, {"retention": self._event_opts.retention}),
+            ("prune events", self._q_prune, {}),
+            ("prune waiters", self._q_prune_waiters, {}),
+        ):
+            await self._sql(op, query, params, retry=True)
+
+    # -- closing ----------------------------------------------------------------------
+
+    async def _close_events(self) -> None:
+        """Stop delivery, hand back what was taken and not delivered, write the last outcomes."""
+        groups = [g for gs in self._topics.values() for g in gs.values()]
+        self._topics.clear()
+        tasks = [t for g in groups for t in g.workers.values()]
+        if self._maintenance_task is not None:
+            tasks.append(self._maintenance_task)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            for group in groups:
+                await self._leave(group)
+            await self._settle_all()
+        except BackendUnavailable as exc:
+            logger.warning("could not hand back taken events on close: %s", exc)

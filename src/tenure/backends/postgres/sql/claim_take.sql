@@ -1,0 +1,18 @@
+-- A member takes up to limit claims of its group that are due (never taken,
+-- handed back, reclaimed, or not acknowledged within the visibility timeout),
+-- oldest event first. SKIP LOCKED: members taking at once never wait for each
+-- other, and each claim goes to one of them. Rows come back in no particular
+-- order (the caller sorts them); attempt counts this delivery.
+UPDATE {claims} AS c
+SET attempt = c.attempt + 1,
+    visible_at = n.now + %(visible)s * interval '1 second',
+    consumer = %(consumer)s
+FROM (SELECT {now}() AS now) AS n,
+     (SELECT group_id, event_id FROM {claims}
+      WHERE group_id = %(group)s AND visible_at <= {now}()
+      ORDER BY event_id
+      LIMIT %(limit)s
+      FOR UPDATE SKIP LOCKED) AS s,
+     {events} AS e
+WHERE c.group_id = s.group_id AND c.event_id = s.event_id AND e.id = c.event_id
+RETURNING c.event_id, c.attempt, e.body

@@ -1,0 +1,2 @@
+-- Registrations of waits that have timed out.
+DELETE FROM {waiters} WHERE until < {now}()
