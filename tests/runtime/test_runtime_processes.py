@@ -1,4 +1,4 @@
-"""The thread runtime across real processes, on SQLite and on Redis.
+"""The thread runtime across real processes, on SQLite, Redis and PostgreSQL.
 
 Each test starts worker processes (``_worker.py``) that share one backend and
 reports what they did as JSON lines stamped with ``time.monotonic()`` (one
@@ -28,6 +28,7 @@ import pytest_asyncio
 import tenure
 from tenure.testing import eventually
 from tests.conftest import REDIS_URL, isolated_url
+from tests.support.servers import drop_postgres_schema
 
 WORKER = Path(__file__).with_name("_worker.py")
 TTL_MS = 2000
@@ -140,12 +141,14 @@ def _drop_redis_prefix(prefix: str) -> None:
         client.close()
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "postgres"])
 def url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
     kind: str = request.param
     yield isolated_url(kind, unique=unique, tmp_path=tmp_path)
     if kind == "redis":
         _drop_redis_prefix(f"tenure-test-{unique}:")
+    elif kind == "postgres":
+        drop_postgres_schema(f"tenure_test_{unique}")
 
 
 @pytest_asyncio.fixture
