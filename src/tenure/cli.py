@@ -1,4 +1,4 @@
-"""The ``tenure`` command line: ``tenure demo`` (and ``python -m tenure``)."""
+"""The ``tenure`` command line: ``tenure demo``, ``tenure run`` (and ``python -m tenure``)."""
 
 from __future__ import annotations
 
@@ -90,13 +90,77 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--no-kill", action="store_true", help="do not kill a worker")
     demo.add_argument("--keep", action="store_true", help="keep the evidence directory")
+    run = commands.add_parser(
+        "run",
+        help="run a command while holding a lease (like flock(1), across hosts)",
+        usage="tenure run [options] KEY -- CMD [ARGS...]",
+        description=(
+            "Hold the lease KEY while CMD runs, renewing it. CMD gets TENURE_LEASE_KEY, "
+            "TENURE_LEASE_OWNER and TENURE_FENCING_TOKEN. If the lease is lost, CMD's process "
+            "group gets SIGTERM, then SIGKILL after --grace seconds, and tenure run exits 75. "
+            "A busy key exits 73 (at once, or after --wait seconds). Otherwise the exit status "
+            "is CMD's."
+        ),
+    )
+    run.add_argument("key", metavar="KEY", help="the lease key")
+    run.add_argument("argv", metavar="CMD", nargs=argparse.REMAINDER, help="the command")
+    run.add_argument(
+        "--url",
+        default=None,
+        help="backend URL (default $TENURE_URL, else the default SQLite file)",
+    )
+    run.add_argument(
+        "--ttl-ms", type=_bounded_int(100, 86_400_000), default=15_000, help="lease TTL (15000)"
+    )
+    run.add_argument(
+        "--wait",
+        type=_wait_seconds,
+        default=0.0,
+        help="seconds to wait for a busy key ('forever' waits without limit; default 0)",
+    )
+    run.add_argument("--owner", default=None, help="the owner's name (default HOST:PID)")
+    run.add_argument(
+        "--grace", type=_positive_float, default=10.0, help="seconds from SIGTERM to SIGKILL (10)"
+    )
     return parser
+
+
+def _wait_seconds(text: str) -> float | None:
+    if text == "forever":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < 1e9:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {value}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``tenure`` command; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.command == "run":
+        from ._run import RunSettings, run_command
+
+        command = list(args.argv)
+        if command[:1] == ["--"]:
+            command = command[1:]
+        if not command:
+            print("tenure run: no command given: tenure run KEY -- CMD [ARGS...]", file=sys.stderr)
+            return 2
+        return run_command(
+            RunSettings(
+                key=args.key,
+                command=command,
+                url=args.url,
+                ttl_ms=args.ttl_ms,
+                wait=args.wait,
+                owner=args.owner,
+                grace=args.grace,
+            )
+        )
     if args.command != "demo":
         parser.print_help()
         return 2
