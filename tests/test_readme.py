@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -48,3 +49,10 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert "\nbash scripts/test" in ci
     assert (ROOT / "scripts" / "demo").exists()
+
+
+def test_sync_example_runs() -> None:
+    out = _run(_section_code("Sync code: Django, Flask, Celery, scripts")).splitlines()
+    assert out[0] == "working under fencing token 1"
+    tokens = ast.literal_eval(out[1])  # a list of ints, printed by the example
+    assert len(tokens) == 3 and len(set(tokens)) == 3
