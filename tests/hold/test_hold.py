@@ -148,18 +148,29 @@ async def test_without_cancel_on_loss_the_loss_is_only_signalled(
     manual: MemoryPubSub, clock: ManualClock
 ) -> None:
     called = asyncio.Event()
+    leases: list[HeldLease] = []
 
     async def on_lost(lease: HeldLease) -> None:
         called.set()
 
-    async with tenure.hold(manual, "k", "a", 300, on_lost=on_lost, cancel_on_loss=False) as lease:
-        clock.advance_ms(301)
-        await asyncio.wait_for(lease.lost.wait(), 10)
-        await asyncio.wait_for(called.wait(), 10)
-        with pytest.raises(LeaseLost, match="no longer held"):
-            lease.ensure_held()
-        body_finished = True
-    assert body_finished
+    async def body() -> str:
+        async with tenure.hold(
+            manual, "k", "a", 300, on_lost=on_lost, cancel_on_loss=False
+        ) as lease:
+            leases.append(lease)
+            clock.advance_ms(301)
+            await asyncio.wait_for(lease.lost.wait(), 10)
+            await asyncio.wait_for(called.wait(), 10)
+            with pytest.raises(LeaseLost, match="no longer held"):
+                lease.ensure_held()
+            await asyncio.sleep(0.05)  # a cancellation of the body would land here
+            return "ran to the end"
+
+    # Neither cancelled nor LeaseLost on exit: the body ran on after the loss.
+    [outcome] = await asyncio.gather(body(), return_exceptions=True)
+    assert outcome == "ran to the end"
+    [lease] = leases
+    assert lease.lost.is_set() and not lease.held
 
 
 @pytest.mark.asyncio
@@ -228,16 +239,20 @@ async def test_a_closed_backend_loses_the_lease(memory: MemoryPubSub) -> None:
 
 @pytest.mark.asyncio
 async def test_transfer_hands_over_and_stops_renewing(memory: MemoryPubSub) -> None:
-    async with tenure.hold(memory, "k", "a", 300) as lease:
+    counted = FiveMethodsOnly(memory)
+    async with tenure.hold(counted, "k", "a", 300) as lease:
         assert await lease.transfer_to("b", ttl_ms=10_000)
         assert not lease.held and not lease.lost.is_set()
         record = await memory.get_lease("k")
         assert record is not None and record.owner == "b"
         assert lease.token is not None and record.token > lease.token
         assert await lease.transfer_to("c") is False  # nothing left to hand over
+        renewed = counted.calls["renew_lease"]
         async with tenure.hold(memory, "k", "b", 10_000) as received:
             assert received.token == record.token
-            await asyncio.sleep(0.4)  # a's renewal would have run by now; it must not
+            await asyncio.sleep(0.4)  # four of a's renew intervals
+            assert counted.calls["renew_lease"] == renewed  # a renews nothing any more
+            assert not lease.lost.is_set()
     assert await memory.get_lease_owner("k") is None
 
 
