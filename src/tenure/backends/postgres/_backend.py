@@ -67,6 +67,10 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
     one of them. Taking sets the claim's ``visible_at`` to now +
     ``visibility_timeout`` (default 30 s) and counts the attempt; while this
     instance lives it extends its claims every ``visibility_timeout / 3``.
+    A take commits without waiting for the WAL flush (``synchronous_commit``
+    off for that transaction only): one lost in a server crash leaves its
+    claims due, so they are delivered again; publishes and acknowledgements
+    commit synchronously.
     Members hand events to their callbacks in event order. A callback that
     returns acknowledges; outcomes are written in batches (one statement of up
     to 1000), each naming the delivery (instance and attempt) it settles, so
@@ -81,7 +85,13 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
     **Wake-ups.** One dedicated ``LISTEN`` connection per instance (outside
     the pool) listens on the lease channel and on the event channel (payload:
     the topic in hex); a publish notifies in its own statement, so members
-    elsewhere take the event as soon as it commits. ``LISTEN`` needs a
+    elsewhere take the event as soon as it commits, but only when a group of
+    the topic had no claim waiting to be taken: on a busy topic the publish
+    that stored the waiting claim notified, and a member takes again at once
+    after every take that found something (and once more 50 ms after the
+    first that found nothing, for a publish that committed just after it
+    looked). PostgreSQL serialises the commits of notifying transactions, so
+    a notification per event would cap the publish rate. ``LISTEN`` needs a
     *session*: a direct connection or a session-pooled one, never PgBouncer
     in transaction pooling mode (pass ``listen_conninfo=`` then). Every
     statement of the event half is a single statement in its own transaction,
@@ -104,8 +114,8 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
     acknowledges it, in the same statement, or by the pruning every
     ``prune_interval`` seconds, default 10); one a publisher gave an id stays
     for ``dedupe_window`` (default 24 h) for deduplication. Any event older
-    than ``retention`` (default 7 days) goes even if unacknowledged, with its
-    claims. Dead private groups and expired release-wait registrations are
+    than ``retention`` (default 7 days; plus ``dedupe_window`` for one with a
+    publisher's id) goes even if unacknowledged, with its claims. Dead private groups and expired release-wait registrations are
     pruned too. Named groups are durable and are never pruned: a drained
     group is one row (like a lease key), so the runtime's groups never vanish
     under it.
@@ -143,6 +153,7 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
         | Capability.RENEW_MANY
         | Capability.RELEASE_WAKEUPS
         | Capability.ATOMIC_TRANSFER
+        | Capability.OPERATIONS
         | Capability.EVENTS
         | Capability.DURABLE_GROUPS
         | Capability.DEDUPE

@@ -261,7 +261,6 @@ class PgConnection:
         indexes = {
             "events_source": "_events_source",
             "events_keep": "_events_keep",
-            "events_stored": "_events_stored",
             "groups_alive": "_groups_alive",
             "claims_event": "_claims_event",
         }

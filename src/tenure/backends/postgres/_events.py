@@ -38,6 +38,7 @@ logger = logging.getLogger("tenure.postgres")
 
 _BATCH = 100  # claims taken per fetch
 _SETTLE_BATCH = 1000  # outcomes written per statement
+_RECHECK = 0.05  # seconds after a take that found claims and one that found none: one more
 # Past every topic that starts with a given prefix: no UTF-8 text has a 0xFF byte.
 _PAST_ALL = b"\xff"
 
@@ -81,6 +82,8 @@ class _Group:
     # flush: fetches asked for, and the last one that found nothing more due.
     asked: int = 0
     drained: int = 0
+    # The last take found claims (the next empty one schedules a second look).
+    busy: bool = False
 
     @property
     def private(self) -> bool:
@@ -282,12 +285,12 @@ class PostgresEvents(PubSub):
         taken = await self._sql(
             "reclaim",
             self._q_reclaim,
-            {"topic": topic.encode(), "name": group.encode()},
+            {"topic": topic.encode(), "name": group.encode(), "channel": self._conn.event_channel},
             retry=True,
         )
         target = self._topics.get(topic, {}).get(group)
         if target is not None:
-            for event_id, attempt, consumer in taken:
+            for event_id, attempt, consumer, _ in taken:
                 if consumer == self._consumer and target.held.get(event_id) == attempt:
                     del target.held[event_id]
             target.wake.set()
@@ -360,6 +363,8 @@ class PostgresEvents(PubSub):
                     "events": [e for e, _ in unfinished],
                     "attempts": [a for _, a in unfinished],
                     "consumer": self._consumer,
+                    "topic": target.topic.encode(),
+                    "channel": self._conn.event_channel,
                 },
                 retry=True,
             )
@@ -379,6 +384,7 @@ class PostgresEvents(PubSub):
 
     async def _fetch_loop(self, group: _Group) -> None:
         max_attempts = self._event_opts.max_attempts
+        loop = asyncio.get_running_loop()
         while True:
             await group.wake.wait()
             group.wake.clear()
@@ -404,9 +410,20 @@ class PostgresEvents(PubSub):
                 group.progress.set()
                 await group.queue.join()
                 group.wake.set()
+            elif claimed:
+                # Take again at once: a publish that found this batch's claims
+                # still waiting to be taken did not notify.
+                group.progress.set()
+                group.wake.set()
+                group.busy = True
             else:
                 group.drained = max(group.drained, asked)
                 group.progress.set()
+                if group.busy:
+                    # One more look shortly: such a publish may commit just
+                    # after this take looked (the fallback poll would find it later).
+                    group.busy = False
+                    loop.call_later(_RECHECK, group.wake.set)
 
     def _queue_claimed(
         self, group: _Group, claimed: list[tuple[int, int, str]], max_attempts: int

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit, urlunsplit
 
@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from ..._contract import AcquireResult, Capability, LeaseRecord
 from ..._errors import ConfigurationError
 from ..._url import parse_query, to_bool, to_int, to_seconds
-from .._core import LeaseCore
+from .._core import PAGE, LeaseCore, prefix_range
 from ._connection import PgConnection
 
 __all__ = ["PostgresLeaseProvider"]
@@ -147,6 +147,7 @@ class PostgresLeaseProvider(LeaseCore):
         | Capability.RENEW_MANY
         | Capability.RELEASE_WAKEUPS
         | Capability.ATOMIC_TRANSFER
+        | Capability.OPERATIONS
     )
     # The URL query options and keywords from_url accepts (a subclass adds its own).
     _url_options: ClassVar[dict[str, tuple[str, Callable[[str], Any]]]] = _URL_OPTIONS
@@ -190,6 +191,8 @@ class PostgresLeaseProvider(LeaseCore):
         self._q_renew_many = render("renew_many")
         self._q_transfer = render("transfer")
         self._q_waiter_register = render("waiter_register")
+        self._q_scan = render("scan")
+        self._q_revoke = render("revoke")
         # This instance's name in the waiters table.
         self._waiter_id = uuid.uuid4()
 
@@ -264,6 +267,37 @@ class PostgresLeaseProvider(LeaseCore):
             return None
         owner, token, ttl_ms = rows[0]
         return LeaseRecord(bytes(owner).decode(), int(token), max(1, int(ttl_ms)))
+
+    async def _scan(self, prefix: str) -> AsyncGenerator[list[tuple[str, LeaseRecord]], None]:
+        low, high = prefix_range(prefix.encode())
+        while True:
+            rows = await self._conn.execute(
+                "scan_leases",
+                self._q_scan,
+                {"low": low, "high": high, "page": PAGE},
+                retry=True,
+            )
+            yield [
+                (
+                    bytes(key).decode(),
+                    LeaseRecord(bytes(owner).decode(), int(token), max(1, int(ttl))),
+                )
+                for key, owner, token, ttl in rows
+            ]
+            if len(rows) < PAGE:
+                return
+            low = bytes(rows[-1][0]) + b"\0"  # the first key after the page's last
+
+    async def _revoke(self, key: str, token: int | None) -> bool:
+        rows = await self._conn.execute(
+            "revoke_lease",
+            self._q_revoke,
+            {"key": key.encode(), "token": token, "channel": self._channel},
+            retry=True,
+            # A retried revoke that finds nothing may follow a first attempt that revoked.
+            definite=bool,
+        )
+        return bool(rows)
 
     async def release_lease(self, key: str, owner: str) -> None:
         # No local wake-up: the notification reaches this process's listener too.

@@ -3,11 +3,16 @@
 -- oldest event first. SKIP LOCKED: members taking at once never wait for each
 -- other, and each claim goes to one of them. Rows come back in no particular
 -- order (the caller sorts them); attempt counts this delivery.
+-- The commit does not wait for the WAL flush (synchronous_commit off, for this
+-- transaction only): a take lost in a server crash leaves its claims due
+-- again, so they are delivered again (at least once), and an acknowledgement,
+-- committed later and synchronously, makes the take durable with it.
 UPDATE {claims} AS c
 SET attempt = c.attempt + 1,
     visible_at = n.now + %(visible)s * interval '1 second',
     consumer = %(consumer)s
-FROM (SELECT {now}() AS now) AS n,
+FROM (SELECT {now}() AS now,
+             pg_catalog.set_config('synchronous_commit', 'off', true) AS async) AS n,
      (SELECT group_id, event_id FROM {claims}
       WHERE group_id = %(group)s AND visible_at <= {now}()
       ORDER BY event_id

@@ -3,6 +3,11 @@
 -- no group (nobody would read it), nor when an event with the same
 -- publisher-given id is kept for the topic (the unique index makes that check
 -- atomic, also between concurrent publishes).
+-- The notification is sent only when some group of the topic had no claim
+-- waiting to be taken for the first time: otherwise the publish that stored
+-- that claim notified, and its members take this one with it (a member takes
+-- again after every take that found something). PostgreSQL serialises the
+-- commits of notifying transactions, so a busy topic notifies rarely.
 -- Result: the new event's id (NULL: not stored), and the kept event's body
 -- when one with this source id was already there.
 WITH e AS (
@@ -18,4 +23,9 @@ WITH e AS (
 )
 SELECT (SELECT id FROM e),
        (SELECT body FROM {events} WHERE topic = %(topic)s AND source_id = %(source)s),
-       (SELECT count(pg_catalog.pg_notify(%(channel)s, encode(%(topic)s, 'hex'))) FROM e)
+       (SELECT count(pg_catalog.pg_notify(%(channel)s, encode(%(topic)s, 'hex'))) FROM e
+        WHERE EXISTS (SELECT 1 FROM {groups} AS g
+                      WHERE g.topic = %(topic)s
+                        AND NOT EXISTS (SELECT 1 FROM {claims} AS c
+                                        WHERE c.group_id = g.id AND c.consumer IS NULL
+                                          AND c.visible_at = '-infinity')))

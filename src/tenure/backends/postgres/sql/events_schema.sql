@@ -10,7 +10,8 @@
 -- topic and source_id (the publisher's event id, NULL when tenure made one up)
 -- are UTF-8 bytes like lease keys. keep_until: an acknowledged event goes
 -- once it passed (deduplication keeps an event with a publisher's id for the
--- dedupe window); stored_at: every event goes after the retention.
+-- dedupe window), and every event goes once it is older than the retention
+-- (one index serves both prunings).
 CREATE TABLE IF NOT EXISTS {events} (
     id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     topic      bytea       NOT NULL,
@@ -24,8 +25,6 @@ CREATE UNIQUE INDEX IF NOT EXISTS {events_source} ON {events} (topic, source_id)
     WHERE source_id IS NOT NULL
 --;
 CREATE INDEX IF NOT EXISTS {events_keep} ON {events} (keep_until)
---;
-CREATE INDEX IF NOT EXISTS {events_stored} ON {events} (stored_at)
 --;
 -- A consumer group: a named one is shared by its members in every process; a
 -- fan-out subscriber has a private one (a random name), deleted when it
