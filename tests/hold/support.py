@@ -3,6 +3,7 @@
 ``FiveMethodsOnly`` hides every optional extension, so the fallbacks run.
 ``Flaky`` makes ``renew_lease`` fail or hang on demand, standing in for a
 network error at the unit level (the real-server version is in test_pause.py).
+``LateRenewal`` makes one renewal's success arrive late (see its docstring).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from tenure import AcquireResult, BackendUnavailable, LeaseRecord
@@ -98,6 +100,30 @@ class Flaky(FiveMethodsOnly):
             self.hangs += 1
             await asyncio.Event().wait()
         return await super().renew_lease(key, owner, ttl_ms)
+
+
+class LateRenewal(FiveMethodsOnly):
+    """``renew_lease`` succeeds on the backend; then ``then()`` runs once before it returns.
+
+    ``then`` stalls the process (``stall``) or moves an injected clock: the renewal
+    succeeded, but its caller learns of it only later. No real fault lands there
+    reliably: the reply would have to arrive and the process then stop (a GC pause,
+    SIGSTOP) before the waiting call resumes, which on a real socket usually ends
+    with the call abandoned at the deadline instead.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.then: Callable[[], None] | None = None
+        self.late = 0
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        ok = await super().renew_lease(key, owner, ttl_ms)
+        then, self.then = self.then, None
+        if then is not None:
+            self.late += 1
+            then()
+        return ok
 
 
 def stall(seconds: float) -> None:

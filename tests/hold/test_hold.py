@@ -178,8 +178,10 @@ async def test_a_stalled_event_loop_is_seen_as_a_loss_without_the_renewal_task(
     memory: MemoryPubSub,
 ) -> None:
     async with tenure.hold(memory, "k", "a", 300, cancel_on_loss=False) as lease:
-        # Deliberately blocking: past the renew deadline (200 ms), nothing can renew.
-        time.sleep(0.35)  # noqa: ASYNC251
+        # Deliberately blocking, right after the grant: past the renew deadline
+        # (200 ms) but within the TTL (300 ms), so a holder that counted to the
+        # TTL would still think it held the lease. Nothing can renew meanwhile.
+        time.sleep(0.25)  # noqa: ASYNC251
         assert not lease.held
         assert lease.lost.is_set()
         with pytest.raises(LeaseLost, match="renew deadline"):
