@@ -1,12 +1,23 @@
-"""PostgreSQL lease throughput against raw statements, measured in the same run.
+"""PostgreSQL lease and event figures against raw statements, measured in the same run.
 
-Not a test: prints rates and ratios. Two workloads, each run with tenure's
+Not a test: prints rates and ratios. Two lease workloads, each run with tenure's
 ``PostgresLeaseProvider`` and with raw psycopg statements that do the same
 writes (an upsert of the lease row, then an update freeing it) through the
 same driver and the same kind of pool:
 
 1. sequential acquire + release cycles, one task;
 2. four OS processes contending on the same 100 keys (acquire, release if won).
+
+Two event workloads (``PostgresPubSub``, a publishing instance and a
+subscribing one, against raw statements on two connections):
+
+3. publish -> callback latency, one event at a time, against a raw
+   ``INSERT … ; NOTIFY`` on one connection -> the notification read by
+   ``LISTEN`` on another;
+4. events per second through one consumer group (8 publishing tasks, one
+   subscriber), against raw ``INSERT`` statements (8 tasks) drained by one
+   task looping on ``DELETE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED
+   LIMIT 100) RETURNING``.
 
 The machine running this is usually shared and its commit latency drifts, so
 the two kinds take turns (blocks of cycles, or wall-clock slices shared by
@@ -34,7 +45,8 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from tenure.backends.postgres import PostgresLeaseProvider
+from tenure import Event
+from tenure.backends.postgres import PostgresLeaseProvider, PostgresPubSub
 
 DEFAULT_URL = os.environ.get(
     "TENURE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -191,16 +203,171 @@ def contention(url: str, schema: str, seconds: float, processes: int = 4) -> dic
     return rates
 
 
+# -- events -----------------------------------------------------------------------
+
+RAW_QUEUE = "CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, body text NOT NULL)"
+RAW_SEND = "INSERT INTO {table} (body) VALUES (%(body)s)"
+RAW_NOTIFY = (
+    "WITH i AS (INSERT INTO {table} (body) VALUES (%(body)s) RETURNING id)"
+    " SELECT pg_notify(%(channel)s, '') FROM i"
+)
+RAW_DRAIN = """
+DELETE FROM {table} WHERE id IN (
+    SELECT id FROM {table} ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED
+) RETURNING body
+"""
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def latency(url: str, schema: str, rounds: int) -> dict[str, tuple[float, float]]:
+    """p50 and p99 (ms) of publish -> callback and of raw INSERT+NOTIFY -> LISTEN, alternating."""
+    table = sql.Identifier(schema, "raw_latency")
+    channel_name = f"bench_{schema}"
+    channel = sql.Identifier(channel_name)
+    sender = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    listener = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    await sender.execute(sql.SQL(RAW_QUEUE).format(table=table))
+    await listener.execute(sql.SQL("LISTEN {}").format(channel))
+    send_q = sql.SQL(RAW_NOTIFY).format(table=table)
+    got: asyncio.Queue[float] = asyncio.Queue()
+
+    async def on_event(event: Event) -> None:
+        got.put_nowait(time.perf_counter())
+
+    samples: dict[str, list[float]] = {"raw": [], "tenure": []}
+    publisher = PostgresPubSub.from_url(url, schema=schema)
+    subscriber = PostgresPubSub.from_url(url, schema=schema)
+    try:
+        await subscriber.subscribe("latency", on_event, group="g")
+        for i in range(20):  # warm-up
+            await publisher.publish("latency", Event(type="t", data=i))
+            await got.get()
+        for i in range(rounds):
+            start = time.perf_counter()
+            await sender.execute(send_q, {"body": str(i), "channel": channel_name})
+            async for _ in listener.notifies(stop_after=1):
+                break
+            samples["raw"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            await publisher.publish("latency", Event(type="t", data=i))
+            samples["tenure"].append(await got.get() - start)
+        await subscriber.unsubscribe("latency", on_event)
+    finally:
+        await publisher.aclose()
+        await subscriber.aclose()
+        await sender.close()
+        await listener.close()
+    return {k: (_pct(v, 0.5) * 1000, _pct(v, 0.99) * 1000) for k, v in samples.items()}
+
+
+async def _raw_throughput(url: str, schema: str, events: int, senders: int) -> float:
+    table = sql.Identifier(schema, "raw_queue")
+    pool = AsyncConnectionPool(
+        url, min_size=senders + 1, max_size=senders + 1, open=False, kwargs={"autocommit": True}
+    )
+    await pool.open()
+    try:
+        async with pool.connection() as conn:
+            await conn.execute(sql.SQL(RAW_QUEUE).format(table=table))
+        send_q = sql.SQL(RAW_SEND).format(table=table).as_string(None)
+        drain_q = sql.SQL(RAW_DRAIN).format(table=table).as_string(None)
+        per = events // senders
+
+        async def send() -> None:
+            async with pool.connection() as conn:
+                for i in range(per):
+                    await conn.execute(send_q, {"body": str(i)})
+
+        async def drain() -> None:
+            left = per * senders
+            async with pool.connection() as conn:
+                while left > 0:
+                    cur = await conn.execute(drain_q)
+                    left -= len(await cur.fetchall())
+
+        start = time.perf_counter()
+        await asyncio.gather(drain(), *(send() for _ in range(senders)))
+        return per * senders / (time.perf_counter() - start)
+    finally:
+        await pool.close()
+
+
+async def _tenure_throughput(url: str, schema: str, events: int, senders: int) -> float:
+    per = events // senders
+    done = asyncio.Event()
+    count = 0
+
+    async def on_event(event: Event) -> None:
+        nonlocal count
+        count += 1
+        if count >= per * senders:
+            done.set()
+
+    publisher = PostgresPubSub.from_url(url, schema=schema, max_size=senders)
+    subscriber = PostgresPubSub.from_url(url, schema=schema)
+    try:
+        await subscriber.subscribe("throughput", on_event, group="g")
+        await publisher.get_lease_owner("warm-up")
+
+        async def send() -> None:
+            for i in range(per):
+                await publisher.publish("throughput", Event(type="t", data=i))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(send() for _ in range(senders)))
+        await done.wait()
+        rate = per * senders / (time.perf_counter() - start)
+        await subscriber.unsubscribe("throughput", on_event)
+        return rate
+    finally:
+        await publisher.aclose()
+        await subscriber.aclose()
+
+
+async def throughput(url: str, schema: str, events: int, rounds: int = 3) -> dict[str, float]:
+    """Events per second end to end (first send to last one handled), best of alternating rounds."""
+    best = {"raw": 0.0, "tenure": 0.0}
+    for _ in range(rounds):
+        best["raw"] = max(best["raw"], await _raw_throughput(url, schema, events, 8))
+        best["tenure"] = max(best["tenure"], await _tenure_throughput(url, schema, events, 8))
+    return best
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=DEFAULT_URL)
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=500, help="latency samples of each kind")
+    parser.add_argument("--events", type=int, default=4000, help="events per throughput round")
+    parser.add_argument("--only", choices=["leases", "events"], default=None)
     args = parser.parse_args()
     schema = f"tenure_bench_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(args.url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     try:
+        if args.only != "leases":
+            print(f"publish -> handler latency, {args.rounds} samples of each kind", flush=True)
+            lat = asyncio.run(latency(args.url, schema, args.rounds))
+            for kind in ("raw", "tenure"):
+                p50, p99 = lat[kind]
+                print(f"  {kind:6s}: p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
+            print(
+                f"  ratio tenure/raw: p50 {lat['tenure'][0] / lat['raw'][0]:.2f}  "
+                f"p99 {lat['tenure'][1] / lat['raw'][1]:.2f}",
+                flush=True,
+            )
+            print(f"events through one group: {args.events} per round, 8 senders", flush=True)
+            thr = asyncio.run(throughput(args.url, schema, args.events))
+            for kind in ("raw", "tenure"):
+                print(f"  {kind:6s}: {thr[kind]:8.0f} events/s")
+            print(f"  ratio tenure/raw: {thr['tenure'] / thr['raw']:.3f}", flush=True)
+            if args.only == "events":
+                return 0
         print(
             f"sequential acquire+release cycles: {args.cycles} of each kind, alternating "
             f"in blocks of {BLOCK}",

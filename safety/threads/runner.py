@@ -1,8 +1,8 @@
 """Run the thread workload with faults against one backend, heal, and check the evidence.
 
 A run: start the backend (a SQLite file; or a private ``redis-server`` with
-``appendonly yes`` and ``appendfsync always``, reached by each worker slot
-through its own fault proxy), start the workers, let them send until the
+``appendonly yes`` and ``appendfsync always``, or a private PostgreSQL, each
+reached by each worker slot through its own fault proxy), start the workers, let them send until the
 deadline while faults are injected, then heal: every fault is undone, senders
 stop, the surviving and fresh workers idle, sweeping, for at least TTL + sweep
 interval and until every stored signal was written (or ``heal_s`` passed). Then
@@ -16,10 +16,11 @@ Faults (seeded; one kind per step, a step every ``fault_gap_s``):
   a third of the workers at once).
 - ``sender-kill``: the worker SIGKILLs itself right after its next
   ``send_signal`` returned and was recorded (``SIGUSR1`` arms it).
-- ``proxy-blackhole`` (Redis): one worker's connection to the server swallows
-  every byte for 1-3 TTLs, so its renewals hang; then its connections are reset.
-- ``backend-restart`` (Redis): SIGKILL the server and start it again on its
-  data (every write survives: the backend survives the restart).
+- ``proxy-blackhole`` (Redis, PostgreSQL): one worker's connections to the
+  server swallow every byte for 1-3 TTLs, so its renewals hang; then its
+  connections are reset.
+- ``backend-restart`` (Redis, PostgreSQL): SIGKILL the server and start it
+  again on its data (every committed write survives the crash).
 """
 
 from __future__ import annotations
@@ -57,10 +58,20 @@ __all__ = [
 ]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-BACKENDS = ("sqlite", "redis")
+BACKENDS = ("sqlite", "redis", "postgres")
 KINDS: dict[str, list[str]] = {
     "sqlite": ["owner-kill", "owner-kill", "owner-pause", "owner-pause", "sender-kill"],
     "redis": [
+        "owner-kill",
+        "owner-kill",
+        "owner-pause",
+        "owner-pause",
+        "sender-kill",
+        "proxy-blackhole",
+        "proxy-blackhole",
+        "backend-restart",
+    ],
+    "postgres": [
         "owner-kill",
         "owner-kill",
         "owner-pause",
@@ -77,7 +88,7 @@ COLLIDING = [["app", "v2:42"], ["app:v2", "42"]]
 
 @dataclass
 class ThreadRunConfig:
-    backend: str  # sqlite | redis
+    backend: str  # sqlite | redis | postgres
     duration_s: float = 20.0
     seed: int = 1
     workers: int = 4
@@ -289,6 +300,34 @@ class RedisEnv(Env):
         await asyncio.to_thread(self.server.close)
 
 
+class PostgresEnv(Env):
+    async def start(self, workdir: Path, rc: ThreadRunConfig) -> list[str]:
+        from tests.support.pg_server import PgServer
+
+        self.server = PgServer()
+        await asyncio.to_thread(self.server.start)
+        self.proxies = [
+            await Proxy("127.0.0.1", self.server.port).start() for _ in range(rc.workers)
+        ]
+        # A call that hangs (a black-holed connection) gives up well within the
+        # renew interval, as the runtime's renewer expects of a short TTL.
+        opts = f"schema=thr{rc.seed}x{os.getpid()}&call_timeout={max(0.2, rc.ttl_ms / 4000)}"
+        return [f"postgresql://postgres@127.0.0.1:{p.port}/postgres?{opts}" for p in self.proxies]
+
+    def proxy(self, slot: int) -> Proxy | None:
+        return self.proxies[slot]
+
+    async def restart(self) -> None:
+        # A crash: every transaction that committed survives it.
+        await asyncio.to_thread(self.server.kill)
+        await asyncio.to_thread(self.server.start)
+
+    async def close(self) -> None:
+        for p in self.proxies:
+            await p.aclose()
+        await asyncio.to_thread(self.server.close)
+
+
 async def _past_quarantine(url: str) -> None:
     """Wait until the fresh server grants leases (it refuses them for ``max_ttl_ms``)."""
     import tenure
@@ -487,7 +526,7 @@ async def run_threads(rc: ThreadRunConfig) -> ThreadRunResult:
         raise ValueError(f"backend must be one of {BACKENDS}, got {rc.backend!r}")
     workdir = await asyncio.to_thread(_prepare, rc)
     rnd = random.Random(rc.seed)
-    env: Env = SqliteEnv() if rc.backend == "sqlite" else RedisEnv()
+    env: Env = {"sqlite": SqliteEnv, "redis": RedisEnv, "postgres": PostgresEnv}[rc.backend]()
     urls = await env.start(workdir, rc)
     pool = Pool(rc, workdir, urls)
     injector = Injector(rc, rnd, pool, env, workdir)
@@ -549,7 +588,7 @@ async def run_threads(rc: ThreadRunConfig) -> ThreadRunResult:
 def control_config(backend: str, control: str, **over: Any) -> ThreadRunConfig:
     """A short run of ``control`` with the faults that make its bug show."""
     kinds = {
-        "never-lose": ["owner-pause"] + (["proxy-blackhole"] if backend == "redis" else []),
+        "never-lose": ["owner-pause"] + (["proxy-blackhole"] if backend != "sqlite" else []),
         "no-reclaim": ["owner-kill", "owner-kill", "sender-kill"],
         "collide": None,
     }[control]
