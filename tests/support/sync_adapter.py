@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from tenure import AcquireResult, Capability, Event, LeaseRecord
@@ -27,8 +27,10 @@ class AsyncOverSync:
         self.capabilities: Capability = backend.capabilities
         self._delivering: dict[Any, set[concurrent.futures.Future[Any]]] = {}
         self._subscribed: dict[tuple[str, Any], Any] = {}
-        # Callbacks being unsubscribed -> set once the facade has dropped them.
-        self._leaving: dict[Any, threading.Event] = {}
+        # Callbacks that must start no new delivery (see _hold_back), and the
+        # event set once the facade has dropped them.
+        self._held_back: set[Any] = set()
+        self._gone: dict[Any, threading.Event] = {}
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
         return await asyncio.to_thread(self.sync.acquire_lease, key, owner, ttl_ms)
@@ -54,6 +56,25 @@ class AsyncOverSync:
     async def wait_lease_released(self, key: str, timeout: float) -> bool:
         return await asyncio.to_thread(self.sync.wait_lease_released, key, timeout)
 
+    def scan_leases(
+        self, prefix: str = "", limit: int | None = None
+    ) -> AsyncIterator[tuple[str, LeaseRecord]]:
+        # Checked at the call, as the async scan_leases is: in a helper thread,
+        # since a blocking call on this thread (running the test's loop) refuses.
+        with concurrent.futures.ThreadPoolExecutor(1) as helper:
+            pairs = helper.submit(self.sync.scan_leases, prefix, limit).result()
+        return self._pairs(pairs)
+
+    @staticmethod
+    async def _pairs(
+        pairs: Iterator[tuple[str, LeaseRecord]],
+    ) -> AsyncIterator[tuple[str, LeaseRecord]]:
+        while (pair := await asyncio.to_thread(next, pairs, None)) is not None:
+            yield pair
+
+    async def revoke_lease(self, key: str, token: int | None = None) -> bool:
+        return await asyncio.to_thread(self.sync.revoke_lease, key, token)
+
     async def publish(self, topic: str, event: Event) -> Event:
         return await asyncio.to_thread(self.sync.publish, topic, event)
 
@@ -61,15 +82,14 @@ class AsyncOverSync:
         loop = asyncio.get_running_loop()
         running = self._delivering.setdefault(callback, set())
 
+        gone = self._gone[callback] = threading.Event()
+
         def deliver(event: Event) -> None:
-            leaving = self._leaving.get(callback)
-            if leaving is not None:
-                # An async callback cannot run once its unsubscribe has begun (the
-                # loop runs one or the other); here the facade's threads could
-                # still start one, so it waits for the member to be gone and fails,
-                # which hands the event back to the group.
-                leaving.wait(10)
-                raise RuntimeError("unsubscribed (expected by the test adapter)")
+            if callback in self._held_back:
+                # Wait for the member to be gone, then fail: the event goes back
+                # to the group (the facade's delivery is cancelled by then).
+                gone.wait(10)
+                raise RuntimeError("held back (expected by the test adapter)")
             future = asyncio.run_coroutine_threadsafe(callback(event), loop)
             running.add(future)
             try:
@@ -82,12 +102,14 @@ class AsyncOverSync:
 
     async def unsubscribe(self, topic: str, callback: Any) -> None:
         deliver = self._subscribed.pop((topic, callback), callback)
-        gone = self._leaving[callback] = threading.Event()
+        self._hold_back(callback)
         try:
             await asyncio.to_thread(self.sync.unsubscribe, topic, deliver)
         finally:
-            gone.set()
-            del self._leaving[callback]
+            self._held_back.discard(callback)
+            gone = self._gone.pop(callback, None)
+            if gone is not None:
+                gone.set()
         # A callback still running on the test's loop: the facade has handed its
         # event back; end it, as the async backends cancel theirs.
         for future in list(self._delivering.get(callback, ())):
@@ -97,7 +119,21 @@ class AsyncOverSync:
         await asyncio.to_thread(self.sync.flush)
 
     async def reclaim(self, topic: str, group: str) -> int:
+        # A member stuck in a delivery when its events are reclaimed stands for a
+        # dead one in the suite: it takes nothing more until it unsubscribes.
+        for callback, running in self._delivering.items():
+            if running:
+                self._hold_back(callback)
         return await asyncio.to_thread(self.sync.reclaim, topic, group)
+
+    def _hold_back(self, callback: Any) -> None:
+        """Start no new delivery to ``callback``.
+
+        On an async backend a callback cannot be started between the test's
+        unsubscribe (or reclaim) and its effect, since nothing yields in between;
+        the facade's threads could start one then, so the adapter holds it back.
+        """
+        self._held_back.add(callback)
 
     async def backlog(self, prefix: str, group: str) -> list[str]:
         return await asyncio.to_thread(self.sync.backlog, prefix, group)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Self, cast
 
@@ -21,9 +21,9 @@ __all__ = ["SyncBackend", "SyncCallback", "from_url"]
 
 SyncCallback = Callable[[Event], Any]
 
-# What the facade offers: the lease extensions and the event methods. Anything
+# What the facade offers: the lease extensions, operations and the event methods. Anything
 # else a backend declares has no blocking twin here, so it is not declared.
-_SUPPORTED = Capability.LEASES | Capability.RUNTIME_LOG
+_SUPPORTED = Capability.LEASES | Capability.RUNTIME_LOG | Capability.OPERATIONS
 
 
 class SyncBackend:
@@ -114,6 +114,35 @@ class SyncBackend:
     def wait_lease_released(self, key: str, timeout: float) -> bool:
         return call((self._inner or self._build()).wait_lease_released, key, timeout)
 
+    # -- operations ----------------------------------------------------------------
+
+    def _operations(self) -> Any:
+        inner = self._inner or self._build()
+        if Capability.OPERATIONS not in self.capabilities:
+            raise ConfigurationError(
+                f"{type(inner).__name__} cannot list or revoke leases "
+                "(it does not declare Capability.OPERATIONS)"
+            )
+        return inner
+
+    def scan_leases(
+        self, prefix: str = "", limit: int | None = None
+    ) -> Iterator[tuple[str, LeaseRecord]]:
+        """The live leases under ``prefix``, as ``(key, record)`` pairs, read a page at a time.
+
+        Arguments are checked (and the backend's state) when this is called, as
+        by the async ``scan_leases``; each step of the iteration then blocks.
+        """
+        operations = self._operations()
+
+        async def start() -> Any:
+            return operations.scan_leases(prefix, limit)
+
+        return _pairs(call(start, what="scan_leases()"))
+
+    def revoke_lease(self, key: str, token: int | None = None) -> bool:
+        return cast(bool, call(self._operations().revoke_lease, key, token))
+
     # -- events ------------------------------------------------------------------
 
     def _events(self) -> Any:
@@ -196,6 +225,23 @@ class SyncBackend:
         current = _portal._portal
         if current is not None and not current.loop.is_closed():
             current.submit(inner.aclose())
+
+
+def _pairs(pairs: Any) -> Iterator[tuple[str, LeaseRecord]]:
+    async def step() -> tuple[str, LeaseRecord] | None:
+        try:
+            return cast(tuple[str, LeaseRecord], await anext(pairs))
+        except StopAsyncIteration:
+            return None
+
+    async def close() -> None:
+        await pairs.aclose()
+
+    try:
+        while (pair := call(step, what="scan_leases()")) is not None:
+            yield pair
+    finally:
+        call(close, what="scan_leases()")
 
 
 def from_url(url: str | None = None, **options: Any) -> SyncBackend:
