@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Self
 
@@ -109,6 +109,14 @@ class Mutant:
 
     async def wait_lease_released(self, key: str, timeout: float) -> bool:
         return await self.inner.wait_lease_released(key, timeout)
+
+    def scan_leases(
+        self, prefix: str = "", limit: int | None = None
+    ) -> AsyncIterator[tuple[str, LeaseRecord]]:
+        return self.inner.scan_leases(prefix, limit)
+
+    async def revoke_lease(self, key: str, token: int | None = None) -> bool:
+        return await self.inner.revoke_lease(key, token)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

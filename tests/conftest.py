@@ -51,6 +51,15 @@ def isolated_url(kind: str, *, unique: str, tmp_path: Path) -> str:
     return TARGETS[kind].isolated_url(unique, tmp_path)
 
 
+@pytest.fixture(params=[name for name in BACKENDS if name != "memory"])
+def shared_url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
+    """One isolated URL per backend that processes can share (every one but memory://)."""
+    target = TARGETS[request.param]
+    yield target.isolated_url(unique, tmp_path)
+    if target.cleanup is not None:
+        target.cleanup(unique)
+
+
 @pytest.fixture(params=BACKENDS)
 def backend_url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
     """One isolated URL per backend; tests using it run once for each backend."""

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -23,7 +23,6 @@ from tenure._run import EXIT_BUSY, EXIT_LOST, EXIT_UNAVAILABLE
 from .conftest import TARGETS
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
-SHARED = ["sqlite", "redis", "postgres"]
 
 # The command most tests run: says it started, writes what it got, then sleeps
 # (until SIGTERM, which it reports) or exits with the status it was given.
@@ -46,12 +45,9 @@ sys.exit(int(sys.argv[2]))
 """
 
 
-@pytest.fixture(params=SHARED)
-def url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
-    target = TARGETS[request.param]
-    yield target.isolated_url(unique, tmp_path)
-    if target.cleanup is not None:
-        target.cleanup(unique)
+@pytest.fixture
+def url(shared_url: str) -> str:
+    return shared_url
 
 
 @pytest_asyncio.fixture

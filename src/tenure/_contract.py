@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
@@ -153,9 +153,10 @@ class Backend(LeaseProvider, Protocol):
     """What every backend built by :func:`tenure.from_url` offers.
 
     The five lease methods, ``get_lease``, ``renew_leases``,
-    ``wait_lease_released``, its declared :class:`Capability` set, ``aclose()``
-    and ``async with``. The pub/sub methods are on :class:`EventBackend`
-    (backends that declare ``Capability.EVENTS``).
+    ``wait_lease_released``, ``scan_leases`` and ``revoke_lease``, its declared
+    :class:`Capability` set, ``aclose()`` and ``async with``. The pub/sub
+    methods are on :class:`EventBackend` (backends that declare
+    ``Capability.EVENTS``).
     """
 
     @property
@@ -173,6 +174,16 @@ class Backend(LeaseProvider, Protocol):
 
     async def wait_lease_released(self, key: str, timeout: float) -> bool:
         """Wait until ``key`` is released or transferred; ``False`` on timeout."""
+        ...
+
+    def scan_leases(
+        self, prefix: str = "", limit: int | None = None
+    ) -> AsyncIterator[tuple[str, LeaseRecord]]:
+        """The live leases whose key starts with ``prefix`` (``Capability.OPERATIONS``)."""
+        ...
+
+    async def revoke_lease(self, key: str, token: int | None = None) -> bool:
+        """Force-release ``key``, if it still carries ``token`` when given (``OPERATIONS``)."""
         ...
 
     async def aclose(self) -> None:

@@ -14,8 +14,10 @@ from ._errors import InvalidArgument
 __all__ = [
     "MAX_NAME_BYTES",
     "MAX_TTL_MS",
+    "check_count",
     "check_keys",
     "check_name",
+    "check_prefix",
     "check_timeout",
     "check_ttl",
 ]
@@ -67,6 +69,24 @@ def check_timeout(value: Any, arg: str = "timeout") -> float:
     if not value >= 0 or value == float("inf"):
         raise InvalidArgument(f"{arg} must be a finite number of seconds >= 0, got {value}")
     return float(value)
+
+
+def check_count(value: Any, arg: str) -> int | None:
+    """``None``, or an ``int`` >= 1 (a limit, a token), else raise :class:`InvalidArgument`."""
+    if value is None or (type(value) is int and value >= 1):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{arg} must be None or an int >= 1, got {type(value).__name__}")
+    if value < 1:
+        raise InvalidArgument(f"{arg} must be None or an int >= 1, got {value}")
+    return int(value)
+
+
+def check_prefix(value: Any, arg: str = "prefix") -> str:
+    """``""`` or a valid key's beginning, else raise :class:`InvalidArgument`."""
+    if value == "" and type(value) is str:
+        return ""
+    return check_name(value, arg)
 
 
 def check_keys(keys: Any, arg: str = "keys") -> list[str]:

@@ -1,10 +1,11 @@
-"""The ``tenure`` command line: ``tenure demo``, ``tenure run`` (and ``python -m tenure``)."""
+"""The ``tenure`` command line: ``demo``, ``run`` and ``leases`` (also ``python -m tenure``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import __version__
 
@@ -24,14 +25,27 @@ def _bounded_int(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < 3600:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, got {value}")
-    return value
+def _seconds(
+    high: float, *, zero: bool = False, forever: bool = False
+) -> Callable[[str], float | None]:
+    """A parser of seconds below ``high``, above 0 (or from 0 with ``zero``);
+    with ``forever``, the word ``forever`` gives ``None`` (no limit)."""
+
+    def parse(text: str) -> float | None:
+        if forever and text == "forever":
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not (value >= 0 if zero else value > 0) or not value < high:
+            low = "from 0" if zero else "above 0"
+            raise argparse.ArgumentTypeError(
+                f"must be {low} and below {high:g} seconds, got {text}"
+            )
+        return value
+
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--send-seconds",
-        type=_positive_float,
+        type=_seconds(3600),
         default=12.0,
         help="spread the signals over this many seconds (default 12)",
     )
@@ -114,27 +128,47 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--wait",
-        type=_wait_seconds,
+        type=_seconds(1e9, zero=True, forever=True),
         default=0.0,
         help="seconds to wait for a busy key ('forever' waits without limit; default 0)",
     )
     run.add_argument("--owner", default=None, help="the owner's name (default HOST:PID)")
     run.add_argument(
-        "--grace", type=_positive_float, default=10.0, help="seconds from SIGTERM to SIGKILL (10)"
+        "--grace", type=_seconds(3600), default=10.0, help="seconds from SIGTERM to SIGKILL (10)"
     )
+    _leases_parser(commands)
     return parser
 
 
-def _wait_seconds(text: str) -> float | None:
-    if text == "forever":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value < 1e9:
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {value}")
-    return value
+def _leases_parser(commands: Any) -> None:
+    leases = commands.add_parser(
+        "leases",
+        help="list, show and revoke leases",
+        description="Leases as an operator sees them (any backend that declares OPERATIONS).",
+    )
+    actions = leases.add_subparsers(dest="action", metavar="ACTION", required=True)
+    url_help = "backend URL (default $TENURE_URL, else the default SQLite file)"
+    listing = actions.add_parser("list", help="the live leases: key, owner, token, TTL left")
+    listing.add_argument("--prefix", default="", help="only keys that start with this")
+    listing.add_argument(
+        "--limit", type=_bounded_int(1, 2**63 - 1), default=None, help="at most this many"
+    )
+    get = actions.add_parser("get", help="one key's live lease (exit 1 when there is none)")
+    get.add_argument("key", metavar="KEY")
+    revoke = actions.add_parser(
+        "revoke", help="force-release a lease, atomically (exit 1 when nothing was revoked)"
+    )
+    revoke.add_argument("key", metavar="KEY")
+    revoke.add_argument(
+        "--token",
+        type=_bounded_int(1, 2**63 - 1),
+        default=None,
+        help="only if the lease still carries this fencing token",
+    )
+    for action in (listing, get, revoke):
+        action.add_argument("--url", default=None, help=url_help)
+    for action in (listing, get):
+        action.add_argument("--json", action="store_true", help="JSON Lines instead of columns")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,6 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 grace=args.grace,
             )
         )
+    if args.command == "leases":
+        from . import _operate
+
+        if args.action == "list":
+            return _operate.listing(args.url, args.prefix, args.limit, args.json)
+        if args.action == "get":
+            return _operate.get(args.url, args.key, args.json)
+        return _operate.revoke(args.url, args.key, args.token)
     if args.command != "demo":
         parser.print_help()
         return 2

@@ -429,6 +429,93 @@ class LeaseContract:
         for i, name in enumerate(names):
             assert await lease_provider.get_lease_owner(name) == f"o{i}"
 
+    # -- operations (Capability.OPERATIONS) ----------------------------------
+
+    @pytest.mark.asyncio
+    async def test_scan_lists_the_live_leases_under_a_prefix(
+        self, lease_provider: Any, key: str, advance: Advance
+    ) -> None:
+        _require(lease_provider, Capability.OPERATIONS)
+        short = await lease_provider.acquire_lease(f"{key}/gone", "carol", 100)
+        assert short.acquired
+        await advance(300)
+        a = await lease_provider.acquire_lease(f"{key}/a", "alice", self.ttl_ms)
+        b = await lease_provider.acquire_lease(f"{key}/b\0é", "bob", self.ttl_ms)
+        assert (await lease_provider.acquire_lease(f"{key}-other", "dave", self.ttl_ms)).acquired
+        listed = [pair async for pair in lease_provider.scan_leases(f"{key}/")]
+        assert sorted((k, r.owner, r.token) for k, r in listed) == [
+            (f"{key}/a", "alice", a.token),
+            (f"{key}/b\0é", "bob", b.token),
+        ]
+        assert all(0 < r.ttl_ms <= self.ttl_ms for _, r in listed)
+        everything = {k async for k, _ in lease_provider.scan_leases()}
+        assert {f"{key}/a", f"{key}/b\0é", f"{key}-other"} <= everything
+        assert f"{key}/gone" not in everything
+        one = [k async for k, _ in lease_provider.scan_leases(f"{key}/", limit=1)]
+        assert len(one) == 1 and one[0] in {f"{key}/a", f"{key}/b\0é"}
+
+    @pytest.mark.asyncio
+    async def test_scan_reads_past_one_page(self, lease_provider: Any, key: str) -> None:
+        _require(lease_provider, Capability.OPERATIONS)
+        names = [f"{key}/{i:04d}" for i in range(1200)]
+        for name in names:
+            assert (await lease_provider.acquire_lease(name, "alice", 60_000)).acquired
+        listed = [k async for k, _ in lease_provider.scan_leases(f"{key}/")]
+        assert sorted(listed) == names
+        assert len([k async for k, _ in lease_provider.scan_leases(f"{key}/", limit=1001)]) == 1001
+
+    @pytest.mark.asyncio
+    async def test_revoke_frees_the_key_for_a_higher_token(
+        self, lease_provider: Any, key: str
+    ) -> None:
+        _require(lease_provider, Capability.OPERATIONS)
+        first = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        assert await lease_provider.revoke_lease(key) is True
+        assert await lease_provider.get_lease(key) is None
+        assert await lease_provider.renew_lease(key, "alice", self.ttl_ms) is False
+        assert await lease_provider.revoke_lease(key) is False  # nothing left to revoke
+        second = await lease_provider.acquire_lease(key, "bob", self.ttl_ms)
+        assert second.acquired and second.token > first.token
+
+    @pytest.mark.asyncio
+    async def test_revoke_with_a_token_spares_a_newer_holder(
+        self, lease_provider: Any, key: str
+    ) -> None:
+        _require(lease_provider, Capability.OPERATIONS)
+        first = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
+        assert await lease_provider.transfer_lease(key, "alice", "bob", self.ttl_ms)
+        record = await lease_provider.get_lease(key)
+        assert record is not None and record.token > first.token
+        assert await lease_provider.revoke_lease(key, token=first.token) is False
+        assert await lease_provider.get_lease_owner(key) == "bob"
+        assert await lease_provider.revoke_lease(key, token=record.token) is True
+        assert await lease_provider.get_lease_owner(key) is None
+
+    @pytest.mark.asyncio
+    async def test_revoke_of_an_expired_lease_does_nothing(
+        self, lease_provider: Any, key: str, advance: Advance
+    ) -> None:
+        _require(lease_provider, Capability.OPERATIONS)
+        assert (await lease_provider.acquire_lease(key, "alice", 100)).acquired
+        await advance(300)
+        assert await lease_provider.revoke_lease(key) is False
+        assert (await lease_provider.acquire_lease(key, "bob", self.ttl_ms)).acquired
+
+    @pytest.mark.asyncio
+    async def test_operations_check_their_arguments(self, lease_provider: Any) -> None:
+        _require(lease_provider, Capability.OPERATIONS)
+        for prefix in (None, 3, b"k", "x" * 1025):
+            with pytest.raises(InvalidArgument, match="prefix"):
+                lease_provider.scan_leases(prefix)
+        for limit in (0, -1, True, 1.5, "10"):
+            with pytest.raises(InvalidArgument, match="limit"):
+                lease_provider.scan_leases("", limit)
+        for token in (0, -3, True, 2.0, "7"):
+            with pytest.raises(InvalidArgument, match="token"):
+                await lease_provider.revoke_lease("k", token)
+        with pytest.raises(InvalidArgument, match="key"):
+            await lease_provider.revoke_lease("")
+
     @pytest.mark.asyncio
     @pytest.mark.parametrize(("method", "arg", "args", "why"), _BAD)
     async def test_bad_argument_raises_invalid_argument(

@@ -74,6 +74,7 @@ def test_the_backend_declares_its_capabilities(tmp_path: Path) -> None:
         | Capability.RENEW_MANY
         | Capability.RELEASE_WAKEUPS
         | Capability.ATOMIC_TRANSFER
+        | Capability.OPERATIONS
         | Capability.EVENTS
         | Capability.DURABLE_GROUPS
         | Capability.DEDUPE

@@ -13,8 +13,10 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import weakref
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, ClassVar
 
 from .._contract import Capability, LeaseRecord
@@ -23,14 +25,38 @@ from .._lifecycle import AsyncCloseable
 from .._validate import (
     MAX_NAME_BYTES,
     MAX_TTL_MS,
+    check_count,
     check_keys,
     check_name,
+    check_prefix,
     check_timeout,
     check_ttl,
 )
 from .._waiters import KeyWaiters
 
-__all__ = ["EXTEND", "GRANT", "REFUSE", "LeaseCore", "acquire_step", "holds"]
+__all__ = [
+    "EXTEND",
+    "GRANT",
+    "PAGE",
+    "REFUSE",
+    "LeaseCore",
+    "acquire_step",
+    "holds",
+    "prefix_range",
+]
+
+#: How many leases a scan reads at a time.
+PAGE = 500
+# Above every stored key: keys are UTF-8 (never a 0xFF byte) of at most 1024 bytes.
+_AFTER_EVERY_KEY = b"\xff" * 1025
+
+
+def prefix_range(prefix: bytes) -> tuple[bytes, bytes]:
+    """``[low, high)``: the UTF-8 keys that start with ``prefix``, for a range scan."""
+    if not prefix:
+        return b"", _AFTER_EVERY_KEY
+    return prefix, prefix[:-1] + bytes([prefix[-1] + 1])
+
 
 # What an acquire does to the key's current lease (see acquire_step).
 REFUSE, EXTEND, GRANT = 0, 1, 2
@@ -170,6 +196,61 @@ class LeaseCore(AsyncCloseable, abc.ABC):
         self._args_key(key)
         record = await self._read(key)
         return None if record is None else record.owner
+
+    # -- operations (Capability.OPERATIONS) ----------------------------------
+
+    def scan_leases(
+        self, prefix: str = "", limit: int | None = None
+    ) -> AsyncIterator[tuple[str, LeaseRecord]]:
+        """The live leases whose key starts with ``prefix``, as ``(key, record)`` pairs.
+
+        Each record is read atomically; the scan as a whole is not a snapshot
+        (a lease granted or ended while it runs may or may not be listed, and
+        none is listed twice). Leases are read a page at a time, so any number
+        can be listed in bounded memory; at most ``limit`` pairs. The order is
+        the backend's: by key in SQLite and PostgreSQL, none in Redis.
+        """
+        checked = check_prefix(prefix)
+        most = check_count(limit, "limit")
+        self._check_open()
+        return self._scan_pairs(checked, most)
+
+    async def _scan_pairs(
+        self, prefix: str, limit: int | None
+    ) -> AsyncIterator[tuple[str, LeaseRecord]]:
+        left = limit
+        async with contextlib.aclosing(self._scan(prefix)) as pages:
+            async for page in pages:
+                for pair in page:
+                    yield pair
+                    if left is not None:
+                        left -= 1
+                        if left == 0:
+                            return
+
+    async def revoke_lease(self, key: str, token: int | None = None) -> bool:
+        """Force-release ``key`` whoever holds it, in one atomic step.
+
+        With ``token``, only if the lease still carries that token, so that an
+        operator never revokes a newer holder by accident. Returns whether a
+        live lease was revoked. The revoked owner's next renewal returns
+        ``False``, the next grant's token is higher, and waiters are woken as
+        by a release.
+        """
+        self._args_key(key)
+        expected = check_count(token, "token")
+        if not await self._revoke(key, expected):
+            return False
+        self._freed(key)
+        return True
+
+    def _scan(self, prefix: str) -> AsyncGenerator[list[tuple[str, LeaseRecord]], None]:
+        """Pages of live leases under ``prefix`` (arguments already checked)."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare OPERATIONS")
+
+    async def _revoke(self, key: str, token: int | None) -> bool:
+        """Delete the live lease of ``key`` (if its token is ``token``); whether one was."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare OPERATIONS")
 
     # -- waiting -------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import math
 import time
 import warnings
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,7 +32,7 @@ from .._pubsub import (
     remove_member,
 )
 from .._validate import check_name
-from ._core import EXTEND, REFUSE, LeaseCore, acquire_step, holds
+from ._core import EXTEND, PAGE, REFUSE, LeaseCore, acquire_step, holds
 
 __all__ = ["MemoryPubSub"]
 
@@ -283,7 +283,8 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
     after a lease expired and its bookkeeping was dropped. Expired leases are
     swept whenever the table has doubled since the last sweep, so memory stays
     within about twice the live leases.
-    A lease is lost only when its owner stops renewing it or the process exits.
+    A lease is lost only when its owner stops renewing it, it is revoked, or the
+    process exits.
 
     Pub/sub: kept in this process only, never across a restart. Events
     published while a topic has no group are dropped; a named group, once
@@ -298,6 +299,7 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
 
     capabilities = (
         Capability.LEASES
+        | Capability.OPERATIONS
         | Capability.EVENTS
         | Capability.DEDUPE
         | Capability.RECLAIM
@@ -403,6 +405,25 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
             return False
         self._grant(key, to_owner, now + ttl / 1000, now)
         self._freed(key)
+        return True
+
+    async def _scan(self, prefix: str) -> AsyncGenerator[list[tuple[str, LeaseRecord]], None]:
+        keys = sorted(k for k in self._leases if k.startswith(prefix))
+        for start in range(0, len(keys), PAGE):
+            page = []
+            for key in keys[start : start + PAGE]:
+                record = await self._read(key)
+                if record is not None:
+                    page.append((key, record))
+            yield page
+
+    async def _revoke(self, key: str, token: int | None) -> bool:
+        lease = self._leases.get(key)
+        if lease is None or lease[_DEADLINE] <= self._clock():
+            return False
+        if token is not None and lease[_TOKEN] != token:
+            return False
+        del self._leases[key]
         return True
 
     async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:

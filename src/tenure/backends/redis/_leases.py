@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from ..._contract import AcquireResult, Capability, LeaseRecord
-from .._core import LeaseCore
+from .._core import PAGE, LeaseCore
 from ._connection import RedisParts, _tag, load_script
 
 __all__ = ["RedisLeases"]
@@ -31,6 +31,19 @@ _RENEW = load_script("renew")
 _RELEASE = load_script("release")
 _TRANSFER = load_script("transfer")
 _GET = load_script("get")
+_REVOKE = load_script("revoke")
+_GLOB_SPECIAL = frozenset(b"\\*?[]")
+_LEASE_SUFFIX = b"}:lease"
+
+
+def _glob_literal(raw: bytes) -> bytes:
+    """``raw`` as a ``SCAN MATCH`` pattern that matches only itself."""
+    return b"".join(b"\\" + bytes([c]) if c in _GLOB_SPECIAL else bytes([c]) for c in raw)
+
+
+def _untag(tag: bytes) -> str:
+    """The key of a hash tag made by ``_tag`` (its inverse)."""
+    return tag.replace(b"%7D", b"}").replace(b"%7B", b"{").replace(b"%25", b"%").decode("utf-8")
 
 
 def _split_value(value: bytes) -> tuple[int, str]:
@@ -54,6 +67,7 @@ class RedisLeases(RedisParts, LeaseCore):
         | Capability.RENEW_MANY
         | Capability.RELEASE_WAKEUPS
         | Capability.ATOMIC_TRANSFER
+        | Capability.OPERATIONS
     )
 
     def _setup_leases(self, *, quarantine_ms: int) -> None:
@@ -146,6 +160,48 @@ class RedisLeases(RedisParts, LeaseCore):
         leases = [self._lease_key(key)[0] for key in key_list]
         replies = await self._conn.eval_per_key(_RENEW, leases, (owner.encode("utf-8"), ttl))
         return [bool(r) for r in replies]
+
+    # -- operations ----------------------------------------------------------------------
+
+    async def _scan(self, prefix: str) -> AsyncGenerator[list[tuple[str, LeaseRecord]], None]:
+        """``SCAN`` over this prefix's lease keys (never ``KEYS``), each page's
+        records read with one ``get`` script per key, all written at once.
+
+        SCAN may return a key twice (while the server resizes its table); the
+        keys already listed are remembered, so none is listed twice.
+        """
+        head = self._p + b"{"
+        pattern = _glob_literal(head + _tag(prefix)) + b"*" + _LEASE_SUFFIX
+        seen: set[bytes] = set()
+        cursor: bytes | int = 0
+        while True:
+            cursor, found = await self._call("SCAN", cursor, "MATCH", pattern, "COUNT", PAGE)
+            leases = []
+            for name in found:
+                tag = name[len(head) : -len(_LEASE_SUFFIX)]
+                if b"{" in tag or b"}" in tag or name in seen:
+                    continue  # not a lease key of this backend, or listed already
+                seen.add(name)
+                leases.append((_untag(tag), name))
+            if leases:
+                replies = await self._conn.eval_per_key(_GET, [n for _, n in leases], ())
+                page = []
+                for (key, _), reply in zip(leases, replies, strict=True):
+                    if reply:
+                        token, owner = _split_value(reply[0])
+                        page.append((key, LeaseRecord(owner, token, max(1, int(reply[1])))))
+                yield page
+            if int(cursor) == 0:
+                return
+
+    async def _revoke(self, key: str, token: int | None) -> bool:
+        expected = b"" if token is None else str(token).encode()
+        reply = await self._eval(
+            _REVOKE,
+            (self._lease_key(key)[0],),
+            (expected, self._channel, key.encode("utf-8")),
+        )
+        return bool(reply)
 
     # -- waiting -----------------------------------------------------------------------
 

@@ -232,6 +232,7 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
         | Capability.RENEW_MANY
         | Capability.RELEASE_WAKEUPS
         | Capability.ATOMIC_TRANSFER
+        | Capability.OPERATIONS
         | Capability.EVENTS
         | Capability.DURABLE_GROUPS
         | Capability.DEDUPE

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from ..._contract import AcquireResult, LeaseRecord
-from .._core import EXTEND, GRANT, REFUSE, LeaseCore, acquire_step, holds
+from .._core import EXTEND, GRANT, PAGE, REFUSE, LeaseCore, acquire_step, holds, prefix_range
 from ._connection import CHUNK, Connected, in_list, load_sql
 
 __all__ = ["SqliteLeases"]
@@ -27,6 +27,8 @@ _RENEW_MANY = load_sql("lease_renew_many")
 _RELEASE_LEASE = load_sql("lease_release")
 _TRANSFER_LEASE = load_sql("lease_transfer")
 _SWEEP_LEASES = load_sql("lease_sweep")
+_SCAN_LEASES = load_sql("lease_scan")
+_REVOKE_LEASE = load_sql("lease_revoke")
 
 _LEASE_SWEEP_INTERVAL = 60.0
 
@@ -115,6 +117,19 @@ class SqliteLeases(LeaseCore, Connected):
                 renewed.update(r[0] for r in rows)
         return renewed
 
+    def _scan_job(
+        self, conn: sqlite3.Connection, low: bytes, high: bytes
+    ) -> list[tuple[bytes, bytes, int, float]]:
+        now = self._clock()
+        rows = conn.execute(_SCAN_LEASES, (low, high, now, PAGE)).fetchall()
+        return [(key, owner, token, deadline - now) for key, owner, token, deadline in rows]
+
+    def _revoke_job(self, conn: sqlite3.Connection, key: bytes, token: int | None) -> bool:
+        conn.execute("BEGIN IMMEDIATE")
+        revoked = conn.execute(_REVOKE_LEASE, (key, self._clock(), token, token)).rowcount
+        conn.execute("COMMIT")
+        return revoked == 1
+
     def _transfer_job(
         self, conn: sqlite3.Connection, key: bytes, from_owner: bytes, to_owner: bytes, ttl_ms: int
     ) -> int | None:
@@ -180,6 +195,25 @@ class SqliteLeases(LeaseCore, Connected):
             return []
         renewed = await self._run(self._renew_many_job, encoded, owner.encode(), ttl)
         return [k in renewed for k in encoded]
+
+    async def _scan(self, prefix: str) -> AsyncGenerator[list[tuple[str, LeaseRecord]], None]:
+        low, high = prefix_range(prefix.encode())
+        while True:
+            rows = await self._run(self._scan_job, low, high)
+            yield [
+                (key.decode(), LeaseRecord(owner.decode(), token, max(1, math.ceil(left * 1000))))
+                for key, owner, token, left in rows
+            ]
+            if len(rows) < PAGE:
+                return
+            low = rows[-1][0] + b"\0"  # the first key after the page's last
+
+    async def _revoke(self, key: str, token: int | None) -> bool:
+        if not await self._run(self._revoke_job, key.encode(), token):
+            return False
+        if key in self._watched:
+            self._watched[key] = None
+        return True
 
     # -- waiting: releases made by other processes are found by polling ---------------
 
