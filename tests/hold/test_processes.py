@@ -22,7 +22,7 @@ import pytest_asyncio
 import tenure
 from tenure.fencing import PostgresFencedStore
 
-from ..conftest import POSTGRES_URL, drop_postgres_schema, isolated_url
+from ..conftest import POSTGRES_URL, TARGETS, drop_postgres_schema, isolated_url
 
 KINDS = ["sqlite", "redis", "postgres"]
 SRC = str(Path(tenure.__file__).resolve().parent.parent)
@@ -69,8 +69,9 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 @pytest.fixture(params=KINDS)
 def url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
     yield isolated_url(request.param, unique=unique, tmp_path=tmp_path)
-    if request.param == "postgres":
-        drop_postgres_schema(f"tenure_test_{unique}")
+    cleanup = TARGETS[request.param].cleanup
+    if cleanup is not None:
+        cleanup(unique)  # the Redis keys too, not only the schema
 
 
 @pytest.fixture

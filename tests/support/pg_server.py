@@ -12,11 +12,13 @@ to hurt a server starts its own::
         server.pause(pid)           # SIGSTOP one backend (holding its locks)
         server.resume(pid)
 
-It runs ``initdb`` and ``pg_ctl`` from ``/usr/lib/postgresql/15/bin`` (or
-``$TENURE_PG_BINDIR``) in a fresh temporary directory, listens on a free port
-on 127.0.0.1 only, and keeps its Unix socket inside that directory. initdb
-refuses to run as root, so when the tests run as root the server runs as the
-``postgres`` OS user (through ``runuser``) in a directory that user owns.
+It runs ``initdb`` and ``pg_ctl`` from the directory :func:`find_bindir` finds
+(``$TENURE_PG_BINDIR``, else the highest version under ``/usr/lib/postgresql``,
+else ``pg_config --bindir``, else ``$PATH``) in a fresh temporary directory,
+listens on a free port on 127.0.0.1 only, and keeps its Unix socket inside
+that directory. initdb refuses to run as root, so when the tests run as root
+the server runs as the ``postgres`` OS user (through ``runuser``) in a
+directory that user owns.
 
 Durability settings: ``fsync=off`` (the OS never crashes in a test, only the
 server does), ``synchronous_commit`` stays on so a killed server keeps every
@@ -26,8 +28,10 @@ commit it acknowledged. ``close()`` stops the server and removes the directory.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -41,9 +45,52 @@ from urllib.parse import quote
 
 import psycopg
 
-__all__ = ["PgServer"]
+__all__ = ["PgServer", "find_bindir"]
 
-BINDIR = Path(os.environ.get("TENURE_PG_BINDIR", "/usr/lib/postgresql/15/bin"))
+_TOOLS = ("initdb", "pg_ctl")
+
+
+def _has_tools(bindir: Path) -> bool:
+    return all(os.access(bindir / tool, os.X_OK) for tool in _TOOLS)
+
+
+def _version(bindir: str) -> tuple[int, ...]:
+    # /usr/lib/postgresql/<version>/bin: "16" > "15" > "9.6", compared as numbers.
+    name = Path(bindir).parent.name
+    return tuple(int(part) for part in re.findall(r"\d+", name))
+
+
+def find_bindir() -> Path:
+    """Where PostgreSQL's server programs (``initdb``, ``pg_ctl``) are, whatever the version.
+
+    ``$TENURE_PG_BINDIR`` if set; else the highest version installed under
+    ``/usr/lib/postgresql/*/bin`` (Debian's layout, what ``scripts/setup``
+    installs); else ``pg_config --bindir``; else the directory of ``pg_ctl`` on
+    ``$PATH``. Raises ``RuntimeError`` (a loud failure, not a skip) when none
+    has them.
+    """
+    override = os.environ.get("TENURE_PG_BINDIR")
+    if override:
+        if not _has_tools(Path(override)):
+            raise RuntimeError(f"TENURE_PG_BINDIR={override} has no {' and '.join(_TOOLS)}")
+        return Path(override)
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_version, reverse=True)
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            ["pg_config", "--bindir"], capture_output=True, text=True, check=True, timeout=30
+        )
+        candidates.append(out.stdout.strip())
+    on_path = shutil.which("pg_ctl")
+    if on_path is not None:
+        candidates.append(str(Path(on_path).resolve().parent))
+    for candidate in candidates:
+        if candidate and _has_tools(Path(candidate)):
+            return Path(candidate)
+    raise RuntimeError(
+        "PostgreSQL's server programs (initdb, pg_ctl) were not found under "
+        "/usr/lib/postgresql/*/bin, by pg_config or on PATH: run scripts/setup, "
+        "or set TENURE_PG_BINDIR"
+    )
 
 
 def free_port() -> int:
@@ -62,9 +109,9 @@ class PgServer:
     data (so :meth:`kill` then :meth:`start` is a crash and a recovery).
     """
 
-    def __init__(self, *, password: str | None = None, bindir: Path = BINDIR) -> None:
+    def __init__(self, *, password: str | None = None, bindir: Path | None = None) -> None:
         self.password = password
-        self.bindir = bindir
+        self.bindir = find_bindir() if bindir is None else bindir
         self.port = free_port()
         self._as_root = os.geteuid() == 0
         self.dir = Path(tempfile.mkdtemp(prefix="tenure-pg-"))
