@@ -149,3 +149,36 @@ def test_forked_pool_workers_share_a_module_level_sync_backend(url: str) -> None
     finally:
         _shared.close()
         _shared = None
+
+
+def test_a_sync_runtime_refuses_to_cross_fork_and_a_backend_closed_in_the_child_stays_closed() -> (
+    None
+):
+    async def agent(run: tenure.ThreadRun) -> None:
+        async for _ in run.signals():
+            pass
+
+    with tenure.sync.from_url("memory://") as backend:
+        runtime = tenure.sync.SyncThreadRuntime(backend, agent, idle_timeout=0.1)
+        try:
+            assert runtime.send_signal("t", {"n": 1}).outcome == "wake"
+
+            def child() -> list[str]:
+                seen = []
+                try:
+                    runtime.send_signal("t", {"n": 2})
+                except tenure.TenureError as exc:
+                    seen.append(str(exc))
+                backend.close()
+                try:
+                    backend.get_lease_owner("k")
+                except tenure.BackendClosed:
+                    seen.append("closed")
+                return seen
+
+            message, closed = in_child(child)["result"]
+            assert "crossed fork()" in message and "in the child" in message, message
+            assert closed == "closed"
+            assert runtime.send_signal("t", {"n": 3}).outcome in {"wake", "deliver"}
+        finally:
+            runtime.close()

@@ -38,6 +38,8 @@ from ._hold import (
 from ._portal import SyncCallInEventLoop
 from ._runtime import SyncThreadRuntime
 
+SyncCallInEventLoop.__module__ = __name__  # shown as tenure.sync.SyncCallInEventLoop
+
 __all__ = [
     "SyncBackend",
     "SyncCallInEventLoop",

@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any, Self, cast
 
 from .._contract import AcquireResult, Backend, Capability, LeaseRecord, capabilities_of
-from .._errors import ConfigurationError
+from .._errors import BackendClosed, ConfigurationError
 from .._pubsub import Event, check_callback
 from .._url import default_url, redact_url
 from .._url import from_url as async_from_url
@@ -66,6 +66,8 @@ class SyncBackend:
         with self._lock:
             inner = self._inner
             if inner is None:
+                if self._closed:  # closed in a forked child before its first call
+                    raise BackendClosed(f"{self!r} is closed")
                 url, options = self._url, self._options
 
                 async def build() -> Backend:
