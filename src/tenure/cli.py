@@ -1,4 +1,4 @@
-"""The ``tenure`` command line: ``demo``, ``run`` and ``leases`` (also ``python -m tenure``)."""
+"""The ``tenure`` command line: ``demo``, ``run``, ``leases``, ``doctor`` (``python -m tenure``)."""
 
 from __future__ import annotations
 
@@ -137,6 +137,20 @@ def _parser() -> argparse.ArgumentParser:
         "--grace", type=_seconds(3600), default=10.0, help="seconds from SIGTERM to SIGKILL (10)"
     )
     _leases_parser(commands)
+    doctor = commands.add_parser(
+        "doctor",
+        help="check that the backend, as deployed, is safe for leases",
+        description=(
+            "Look at the backend's server or file (eviction, persistence, replication, "
+            "isolation, filesystem, clock...) and print each finding with its fix. "
+            "Exit status 1 when anything is unsafe."
+        ),
+    )
+    doctor.add_argument(
+        "--url",
+        default=None,
+        help="backend URL (default $TENURE_URL, else the default SQLite file)",
+    )
     return parser
 
 
@@ -195,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 grace=args.grace,
             )
         )
+    if args.command == "doctor":
+        from ._doctor import doctor
+
+        return doctor(args.url)
     if args.command == "leases":
         from . import _operate
 

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 from psycopg_pool import AsyncConnectionPool
 
 from ..._contract import AcquireResult, Capability, LeaseRecord
+from ..._doctor import Finding
 from ..._errors import ConfigurationError
 from ..._url import parse_query, to_bool, to_int, to_seconds
 from .._core import PAGE, LeaseCore, prefix_range
@@ -267,6 +268,12 @@ class PostgresLeaseProvider(LeaseCore):
             return None
         owner, token, ttl_ms = rows[0]
         return LeaseRecord(bytes(owner).decode(), int(token), max(1, int(ttl_ms)))
+
+    async def diagnose(self) -> list[Finding]:
+        """What ``tenure doctor`` reports about this database (:mod:`tenure._doctor`)."""
+        from ._doctor import diagnose
+
+        return await diagnose(self)
 
     async def _scan(self, prefix: str) -> AsyncGenerator[list[tuple[str, LeaseRecord]], None]:
         low, high = prefix_range(prefix.encode())

@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from ..._contract import AcquireResult, Capability, LeaseRecord
+from ..._doctor import Finding
 from .._core import PAGE, LeaseCore
 from ._connection import RedisParts, _tag, load_script
 
@@ -160,6 +161,12 @@ class RedisLeases(RedisParts, LeaseCore):
         leases = [self._lease_key(key)[0] for key in key_list]
         replies = await self._conn.eval_per_key(_RENEW, leases, (owner.encode("utf-8"), ttl))
         return [bool(r) for r in replies]
+
+    async def diagnose(self) -> list[Finding]:
+        """What ``tenure doctor`` reports about this server (:mod:`tenure._doctor`)."""
+        from ._doctor import diagnose
+
+        return await diagnose(self)
 
     # -- operations ----------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
 from ..._contract import Capability
+from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError
 from ..._url import parse_query, redact_url
 from ._connection import CHUNK, SYNCHRONOUS, Options, Worker, in_list, load_sql
@@ -298,6 +299,12 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
                     f"sqlite option {name!r} is given in the URL and as a keyword"
                 )
         return cls(path, **query, **options)
+
+    async def diagnose(self) -> list[Finding]:
+        """What ``tenure doctor`` reports about this file (:mod:`tenure._doctor`)."""
+        from ._doctor import diagnose
+
+        return await diagnose(self)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

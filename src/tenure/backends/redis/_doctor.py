@@ -1,0 +1,133 @@
+"""What ``tenure doctor`` checks on a Redis server (see :mod:`tenure._doctor`)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+from ..._doctor import Finding, ok, parse_info, unsafe, warn
+from ..._errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from ._leases import RedisLeases
+
+__all__ = ["diagnose"]
+
+_SKEW_WARN_S = 1.0
+
+
+async def diagnose(backend: RedisLeases) -> list[Finding]:
+    info = parse_info(await backend._call("INFO", "all"))  # first: the connection is up
+    sent = time.time()
+    seconds, micros = await backend._call("TIME")
+    got = time.time()
+    try:
+        reply = await backend._call("CONFIG", "GET", "appendfsync")
+        # redis-py may have parsed the pairs into a dict already.
+        pairs = (
+            list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2]))
+        )
+        fsync: str | None = pairs[0][1].decode() if pairs else None
+    except BackendUnavailable:  # CONFIG renamed or not allowed (managed Redis)
+        fsync = None
+    quarantine_ms = backend._quarantine_ms
+    return [
+        _eviction(info),
+        _persistence(info, fsync, quarantine_ms),
+        _quarantine(info, quarantine_ms),
+        _replication(info),
+        _clock(int(seconds) + int(micros) / 1e6 - (sent + got) / 2),
+    ]
+
+
+def _eviction(info: dict[str, str]) -> Finding:
+    policy = info.get("maxmemory_policy", "unknown")
+    if policy == "noeviction":
+        return ok("eviction", "maxmemory-policy noeviction")
+    if info.get("maxmemory", "0") == "0":
+        return warn(
+            "eviction",
+            f"maxmemory-policy {policy}, but no maxmemory: nothing is evicted until one is set",
+            "CONFIG SET maxmemory-policy noeviction",
+        )
+    return unsafe(
+        "eviction",
+        f"maxmemory-policy {policy} can evict live leases (they carry a TTL) and stream entries",
+        "CONFIG SET maxmemory-policy noeviction (and in redis.conf)",
+    )
+
+
+def _persistence(info: dict[str, str], fsync: str | None, quarantine_ms: int) -> Finding:
+    if info.get("aof_enabled") == "1":
+        if fsync == "always":
+            return ok("persistence", "appendonly yes, appendfsync always")
+        if fsync is None:
+            return warn("persistence", "appendonly yes; appendfsync unknown (CONFIG not allowed)")
+        return warn(
+            "persistence",
+            f"appendonly yes, appendfsync {fsync}: a crash can lose the last grants while "
+            "keeping older ones, which the quarantine cannot detect",
+            "appendfsync always",
+        )
+    if quarantine_ms:
+        return warn(
+            "persistence",
+            "no AOF: a restart forgets every lease; the quarantine then refuses grants of "
+            f"unknown keys for {quarantine_ms / 1000:g} s",
+            "appendonly yes, appendfsync always",
+        )
+    return unsafe(
+        "persistence",
+        "no AOF and the quarantine is off: after a restart a key can have two owners",
+        "appendonly yes, appendfsync always; or drop quarantine=off",
+    )
+
+
+def _quarantine(info: dict[str, str], quarantine_ms: int) -> Finding:
+    if not quarantine_ms:
+        return warn(
+            "quarantine",
+            "off (quarantine=off): grants right after a restart can give a key two owners",
+            "drop quarantine=off from the URL",
+        )
+    uptime_s = int(info.get("uptime_in_seconds", "0"))
+    window_ms = 1000 + quarantine_ms + math.ceil(quarantine_ms / 100)
+    left_ms = window_ms - uptime_s * 1000
+    if left_ms > 0:
+        return warn(
+            "quarantine",
+            f"active: the server started {uptime_s} s ago; grants of keys it does not know "
+            f"resume in about {left_ms / 1000:.0f} s",
+        )
+    return ok("quarantine", f"over (the server has been up {uptime_s} s)")
+
+
+def _replication(info: dict[str, str]) -> Finding:
+    role = info.get("role", "unknown")
+    if role == "slave":
+        return unsafe(
+            "replication",
+            "this server is a replica: it refuses the lease scripts' writes",
+            "point tenure at the primary",
+        )
+    replicas = int(info.get("connected_slaves", "0"))
+    if replicas:
+        return warn(
+            "replication",
+            f"a primary with {replicas} replica(s), replicated asynchronously: a failover can "
+            "lose the latest grants (a key can then have two owners for up to one TTL)",
+            "pass the fencing token to what you write",
+        )
+    return ok("replication", "a primary without replicas")
+
+
+def _clock(skew_s: float) -> Finding:
+    text = f"the server's clock is {skew_s * 1000:+.0f} ms from this host's"
+    if abs(skew_s) > _SKEW_WARN_S:
+        return warn(
+            "clock",
+            text + " (leases run on the server's clock; fencing tokens come from it)",
+            "run NTP on both hosts",
+        )
+    return ok("clock", text)
