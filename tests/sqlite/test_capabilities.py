@@ -12,7 +12,7 @@ import pytest
 
 from tenure import ConfigurationError, Event, InvalidArgument
 from tenure.backends.sqlite import SqlitePubSub
-from tenure.backends.sqlite._connection import load_sql
+from tenure.backends.sqlite._connection import _MIGRATIONS, load_sql
 from tenure.testing import eventually
 
 
@@ -302,7 +302,7 @@ async def test_a_file_of_the_previous_version_is_migrated_once_and_keeps_its_eve
     try:
         await asyncio.gather(*(b.get_lease_owner("warm-up") for b in backends))
         first = backends[0]
-        assert rows(db, "PRAGMA user_version") == [(1,)]
+        assert rows(db, "PRAGMA user_version") == [(len(_MIGRATIONS),)]
         assert await first.backlog("", "g") == ["t"]
         assert await first.reclaim("t", "g") == 1
         await first.subscribe("t", handle, group="g")
@@ -326,3 +326,20 @@ def test_the_dedupe_window_is_an_option(tmp_path: Path) -> None:
     assert backend._opts.dedupe_window == 60.0
     with pytest.raises(ConfigurationError, match="dedupe_window"):
         SqlitePubSub(tmp_path / "o.db", dedupe_window=0)
+
+
+@pytest.mark.asyncio
+async def test_live_leases_are_readable_with_plain_sql(tmp_path: Path) -> None:
+    db = tmp_path / "plain.db"
+    async with SqlitePubSub(db) as backend:
+        granted = await backend.acquire_lease("thread/é-1", "worker a", 60_000)
+        await backend.acquire_lease("gone", "b", 1)
+        await asyncio.sleep(0.01)
+        await backend.acquire_lease("k\0nul", "c", 60_000)
+    found = rows(db, "SELECT key, owner, token, ttl_ms, expires_at FROM tenure_leases_live")
+    by_key = {row[0]: row for row in found}
+    assert set(by_key) == {"thread/é-1", "k\0nul"}
+    _, owner, token, ttl_ms, expires_at = by_key["thread/é-1"]
+    assert (owner, token) == ("worker a", granted.token)
+    assert 0 < ttl_ms <= 60_000
+    assert str(expires_at).endswith("Z")

@@ -81,7 +81,7 @@ _SCHEMA = load_sql("schema")
 _SCHEMA_VERSION = load_sql("schema_version")
 # Migration n brings a file from version n - 1 to n; a file created by a
 # version before them has the tables of schema.sql and version 0.
-_MIGRATIONS = [statements(load_sql("schema_1"))]
+_MIGRATIONS = [statements(load_sql("schema_1")), statements(load_sql("schema_2"))]
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
