@@ -46,28 +46,28 @@ THREADS = 8
 TTL_MS = 30_000
 
 
-def per_op_sync(fn: Callable[[], Any], seconds: float) -> float:
-    """Seconds per call of ``fn`` over ``seconds``."""
-    n, start = 0, time.perf_counter()
+def per_op_sync(fn: Callable[[], Any], seconds: float) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the whole process) per call of ``fn`` over ``seconds``."""
+    n, start, cpu = 0, time.perf_counter(), time.process_time()
     stop = start + seconds
     while time.perf_counter() < stop:
         for _ in range(50):
             fn()
         n += 50
-    return (time.perf_counter() - start) / n
+    return (time.perf_counter() - start) / n, (time.process_time() - cpu) / n
 
 
-async def per_op_async(fn: Callable[[], Awaitable[Any]], seconds: float) -> float:
-    n, start = 0, time.perf_counter()
+async def per_op_async(fn: Callable[[], Awaitable[Any]], seconds: float) -> tuple[float, float]:
+    n, start, cpu = 0, time.perf_counter(), time.process_time()
     stop = start + seconds
     while time.perf_counter() < stop:
         for _ in range(50):
             await fn()
         n += 50
-    return (time.perf_counter() - start) / n
+    return (time.perf_counter() - start) / n, (time.process_time() - cpu) / n
 
 
-def handoff_floor(seconds: float) -> float:
+def handoff_floor(seconds: float) -> tuple[float, float]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -87,10 +87,12 @@ def handoff_floor(seconds: float) -> float:
 
 
 def overhead(url: str, options: dict[str, Any], seconds: float, rounds: int) -> dict[str, float]:
+    """Mean seconds per call, wall and CPU (``<case> cpu``), per case."""
     totals: dict[str, list[float]] = {}
 
-    def add(name: str, value: float) -> None:
-        totals.setdefault(name, []).append(value)
+    def add(name: str, value: tuple[float, float]) -> None:
+        totals.setdefault(name, []).append(value[0])
+        totals.setdefault(f"{name} cpu", []).append(value[1])
 
     with tenure.sync.from_url(url, **options) as backend:
         backend.acquire_lease("bench-read", "someone", TTL_MS)
@@ -99,7 +101,7 @@ def overhead(url: str, options: dict[str, Any], seconds: float, rounds: int) -> 
             backend.acquire_lease("bench-cycle", "me", TTL_MS)
             backend.release_lease("bench-cycle", "me")
 
-        async def run_async() -> tuple[float, float]:
+        async def run_async() -> tuple[tuple[float, float], tuple[float, float]]:
             async with tenure.from_url(url, **options) as inner:
 
                 async def read() -> None:
@@ -185,14 +187,19 @@ def main() -> None:
             ("redis", args.redis, {"prefix": prefix, "quarantine": False}),
         ):
             result = overhead(url, options, args.seconds, args.rounds)
-            print(f"{name}: per operation, mean of {args.rounds} rounds")
+            print(f"{name}: per operation, mean of {args.rounds} rounds (wall time; CPU time)")
             for what in ("read", "cycle"):
+                calls = 2 if what == "cycle" else 1
                 a, s = result[f"{what} async"], result[f"{what} sync"]
+                ac, sc = result[f"{what} async cpu"], result[f"{what} sync cpu"]
                 print(
-                    f"  {what:5}  async {a * 1e6:8.1f} us   sync {s * 1e6:8.1f} us"
-                    f"   added {(s - a) * 1e6 / (2 if what == 'cycle' else 1):6.1f} us per call"
+                    f"  {what:5}  async {a * 1e6:7.1f} us   sync {s * 1e6:7.1f} us   added per call:"
+                    f" {(s - a) * 1e6 / calls:6.1f} us wall, {(sc - ac) * 1e6 / calls:6.1f} us CPU"
                 )
-            print(f"  bare thread hand-off floor {result['hand-off floor'] * 1e6:.1f} us")
+            floor, floor_cpu = result["hand-off floor"], result["hand-off floor cpu"]
+            print(
+                f"  bare thread hand-off floor {floor * 1e6:.1f} us wall, {floor_cpu * 1e6:.1f} us CPU"
+            )
         print(
             f"{THREADS} threads contending on one Redis key: critical sections per second, "
             f"and the fewest / most one thread completed in a {args.seconds:g} s run"
