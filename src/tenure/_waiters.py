@@ -17,6 +17,8 @@ __all__ = ["KeyWaiters"]
 class KeyWaiters:
     def __init__(self) -> None:
         self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
+        # Waiters in :meth:`wait`, by key: they have looked and now sleep.
+        self._parked: dict[str, int] = {}
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._waiters.values())
@@ -27,6 +29,10 @@ class KeyWaiters:
 
     def keys(self) -> list[str]:
         return list(self._waiters)
+
+    def parked(self, key: str) -> int:
+        """How many waiters of ``key`` are asleep in :meth:`wait` (what a test waits for)."""
+        return self._parked.get(key, 0)
 
     def register(self, key: str) -> asyncio.Future[None]:
         """A future that completes when this waiter is woken; register before you look."""
@@ -73,6 +79,7 @@ class KeyWaiters:
 
     async def wait(self, key: str, fut: asyncio.Future[None], timeout: float) -> bool:
         """Wait on a registered future; ``True`` if woken, ``False`` on timeout."""
+        self._parked[key] = self._parked.get(key, 0) + 1
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout=max(0.0, timeout))
         except TimeoutError:
@@ -83,4 +90,10 @@ class KeyWaiters:
         except BaseException:
             self.discard(key, fut)
             raise
+        finally:
+            left = self._parked[key] - 1
+            if left:
+                self._parked[key] = left
+            else:
+                del self._parked[key]
         return True

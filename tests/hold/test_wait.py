@@ -13,6 +13,7 @@ import tenure
 from tenure import InvalidArgument, LeaseUnavailable, MemoryPubSub
 from tenure.testing import eventually
 
+from ..support.waiting import asleep, until_parked
 from .support import Counting, FiveMethodsOnly, WithGetLease
 
 
@@ -42,7 +43,7 @@ async def test_timeout_raises_naming_the_holder(backend: Any) -> None:
 async def test_a_release_wakes_the_waiter_long_before_the_ttl(backend: Any) -> None:
     holder = await backend.acquire_lease("k", "a", 60_000)
     waiter = asyncio.create_task(tenure.acquire_wait(backend, "k", "b", 10_000, timeout=20))
-    await asyncio.sleep(0.2)
+    await until_parked(backend, "k")  # refused, looked, asleep
     assert not waiter.done()
     await backend.release_lease("k", "a")
     # Only a wake-up can grant it: the released lease had 60 s left, the wait 20 s.
@@ -67,18 +68,18 @@ async def test_a_release_wakes_one_waiter_of_the_process(backend: Any) -> None:
         for i in range(4)
     }
     try:
-        # Every backend parks waiters in a KeyWaiters named _waiters: wait until all
-        # four are parked (listening), so the release below cannot be missed.
-        await eventually(lambda: len(backend._waiters) == 4)
-        # A waiter registers, then looks whether the key is free (one more round
-        # trip): give those looks time to finish, or a release would be seen by a look.
-        await asyncio.sleep(0.5)
+        # All four parked (refused, looked, asleep), so the release below cannot be
+        # seen by a look instead of waking a waiter.
+        await until_parked(backend, "k", 4)
         holder = "first"
-        for _ in range(4):
+        for left in range(3, -1, -1):
             before = counted.calls["acquire_lease"]
             await backend.release_lease("k", holder)
             await eventually(lambda: any(t.done() for t in waiters.values()))
-            await asyncio.sleep(0.2)  # room for a herd to show up, if there were one
+            # A herd would have woken the others (no longer registered) and sent them
+            # to acquire again before they park again: wait until they are all back.
+            await eventually(lambda: asleep(backend) == left)  # noqa: B023 - used at once
+            await until_parked(backend, "k", left)
             done = [name for name, t in waiters.items() if t.done()]
             assert len(done) == 1
             holder = done[0]
@@ -96,9 +97,9 @@ async def test_a_release_wakes_one_waiter_of_the_process(backend: Any) -> None:
 async def test_a_cancelled_waiter_passes_its_wake_up_on(backend: Any) -> None:
     await backend.acquire_lease("k", "a", 60_000)
     first = asyncio.create_task(tenure.acquire_wait(backend, "k", "b", 10_000, timeout=30))
-    await asyncio.sleep(0.1)
+    await until_parked(backend, "k")
     second = asyncio.create_task(tenure.acquire_wait(backend, "k", "c", 10_000, timeout=30))
-    await eventually(lambda: len(backend._waiters) == 2)  # both parked, first one first
+    await until_parked(backend, "k", 2)  # both parked, first one first
     first.cancel()
     await backend.release_lease("k", "a")
     with pytest.raises(asyncio.CancelledError):
@@ -162,7 +163,7 @@ async def test_hold_can_wait_for_the_lease() -> None:
     async with MemoryPubSub() as memory:
         await memory.acquire_lease("k", "a", 60_000)
         waiting = asyncio.create_task(_hold_briefly(memory))
-        await asyncio.sleep(0.1)
+        await until_parked(memory, "k")
         assert not waiting.done()
         await memory.release_lease("k", "a")
         assert await waiting == "b"

@@ -24,6 +24,7 @@ from tenure import BackendUnavailable, ConfigurationError
 from tenure.backends.postgres import PostgresLeaseProvider
 from tests.postgres.helpers import drop_schema, new_schema
 from tests.support.pg_server import PgServer, free_port
+from tests.support.waiting import until_parked
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -195,7 +196,8 @@ async def test_lost_listen_connection_wakes_every_waiter(
         await provider.acquire_lease("a", "alice", 30_000)
         await provider.acquire_lease("b", "alice", 30_000)
         waiters = [asyncio.create_task(provider.wait_lease_released(k, 60)) for k in ("a", "b")]
-        await asyncio.sleep(0.2)
+        await until_parked(provider, "a")
+        await until_parked(provider, "b")  # both listening, looked, asleep
         assert not any(w.done() for w in waiters)
         cur = await admin.execute(
             "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND query LIKE 'LISTEN%%'",
@@ -208,7 +210,7 @@ async def test_lost_listen_connection_wakes_every_waiter(
         assert await asyncio.wait_for(asyncio.gather(*waiters), 30) == [True, True]
         # And the listener is back: a release wakes a new waiter.
         waiter = asyncio.create_task(provider.wait_lease_released("a", 60))
-        await asyncio.sleep(0.2)
+        await until_parked(provider, "a")
         await provider.release_lease("a", "alice")
         assert await asyncio.wait_for(waiter, 30) is True
 

@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from tenure import BackendClosed, ConfigurationError, InvalidArgument, from_url
 from tenure.backends.postgres import PostgresLeaseProvider
 from tests.postgres.helpers import drop_schema, new_schema
+from tests.support.waiting import asleep, until_parked
 
 
 @pytest.fixture
@@ -270,13 +271,13 @@ async def test_release_in_another_provider_wakes_one_waiter(
 ) -> None:
     await provider.acquire_lease("k\0thread", "alice", 30_000)
     waiters = [asyncio.create_task(provider.wait_lease_released("k\0thread", 30)) for _ in range(2)]
-    await asyncio.sleep(0.3)
+    await until_parked(provider, "k\0thread", 2)  # listening, looked, asleep
     async with PostgresLeaseProvider.from_url(postgres_url, schema=schema) as elsewhere:
         await elsewhere.release_lease("k\0thread", "alice")
         done, pending = await asyncio.wait(waiters, timeout=10, return_when="FIRST_COMPLETED")
         assert len(done) == 1 and done.pop().result() is True
-        await asyncio.sleep(0.3)
-        assert len(pending) == 1 and not pending.pop().done()  # one waiter per release
+        assert asleep(provider) == 1  # one waiter per release: the other was not woken
+        assert len(pending) == 1 and not pending.pop().done()
         await elsewhere.acquire_lease("k\0thread", "bob", 30_000)
         assert await elsewhere.transfer_lease("k\0thread", "bob", "carol", 30_000)
     assert await asyncio.wait_for(asyncio.gather(*waiters), 10) == [True, True]
@@ -286,6 +287,6 @@ async def test_release_in_another_provider_wakes_one_waiter(
 async def test_release_by_a_non_owner_wakes_nobody(provider: PostgresLeaseProvider) -> None:
     await provider.acquire_lease("k", "alice", 30_000)
     waiter = asyncio.create_task(provider.wait_lease_released("k", 1.0))
-    await asyncio.sleep(0.2)
+    await until_parked(provider, "k")
     await provider.release_lease("k", "mallory")
     assert await waiter is False

@@ -15,6 +15,7 @@ from tenure import ConfigurationError, InvalidArgument
 from tenure.backends.redis import RedisStreamsPubSub, _tag
 
 from ..support.redis_server import RedisServer
+from ..support.waiting import asleep, until_parked
 from .conftest import MakeBackend
 from .helpers import delete_prefix
 
@@ -245,17 +246,17 @@ async def test_wait_lease_released_wakes_on_a_release_by_another_client(
         assert (await other.acquire_lease("k", "alice", 30_000)).acquired
         assert await backend.wait_lease_released("k", 0.2) is False
         waiter = asyncio.create_task(backend.wait_lease_released("k", 30))
-        await asyncio.sleep(0.2)
+        await until_parked(backend, "k")  # it looked, saw alice's lease, and sleeps
         assert not waiter.done()
         await other.transfer_lease("k", "alice", "bob", 30_000)
         assert await asyncio.wait_for(waiter, 10) is True
         waiters = [asyncio.create_task(backend.wait_lease_released("k", 30)) for _ in range(2)]
-        await asyncio.sleep(0.2)
+        await until_parked(backend, "k", 2)
         await other.release_lease("k", "bob")
         # One release wakes one waiter (no stampede); the next release the other.
         done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED, timeout=10)
         assert len(done) == 1 and len(pending) == 1
-        await asyncio.sleep(0.2)
+        assert asleep(backend) == 1  # the other was not woken
         assert not pending.pop().done()
         assert (await other.acquire_lease("k", "carol", 30_000)).acquired
         await other.release_lease("k", "carol")
@@ -271,14 +272,14 @@ async def test_lost_notification_connection_wakes_every_waiter(
     backend = make_backend(server.url, quarantine=False)
     assert (await backend.acquire_lease("k", "alice", 30_000)).acquired
     waiters = [asyncio.create_task(backend.wait_lease_released("k", 30)) for _ in range(3)]
-    await asyncio.sleep(0.3)
+    await until_parked(backend, "k", 3)
     server.command("CLIENT", "KILL", "TYPE", "pubsub")
     # Woken (a notification may have been missed), although the lease is still held.
     assert await asyncio.wait_for(asyncio.gather(*waiters), 10) == [True, True, True]
     assert await backend.get_lease_owner("k") == "alice"
     # And it listens again afterwards.
     waiter = asyncio.create_task(backend.wait_lease_released("k", 30))
-    await asyncio.sleep(0.3)
+    await until_parked(backend, "k")
     await backend.release_lease("k", "alice")
     assert await asyncio.wait_for(waiter, 10) is True
 

@@ -19,6 +19,7 @@ from tenure.backends.redis import RedisStreamsPubSub
 from tenure.testing import eventually
 
 from ..support.redis_server import RedisServer
+from ..support.waiting import until_parked
 from .conftest import MakeBackend
 
 
@@ -270,7 +271,7 @@ async def test_closed_backend_raises_and_leaves_nothing_running(server: RedisSer
     await backend.subscribe("topic2", callback, group="g")
     assert (await backend.acquire_lease("k", "alice", 10_000)).acquired
     waiter = asyncio.create_task(backend.wait_lease_released("k", 30))
-    await asyncio.sleep(0.2)
+    await until_parked(backend, "k")
     await backend.aclose()
     assert await waiter is True  # closing wakes waiters
     assert asyncio.all_tasks() == {asyncio.current_task()}

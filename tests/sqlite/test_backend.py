@@ -15,6 +15,8 @@ from tenure import BackendClosed, BackendUnavailable, ConfigurationError, Event,
 from tenure.backends.sqlite import SqlitePubSub
 from tenure.testing import ManualClock, eventually
 
+from ..support.waiting import asleep, until_parked
+
 
 def count(db: Path | str, table: str) -> int:
     conn = sqlite3.connect(db)
@@ -163,10 +165,10 @@ async def test_local_release_wakes_one_waiter_per_release(tmp_path: Path) -> Non
     async with SqlitePubSub(tmp_path / "w.db") as backend:
         await backend.acquire_lease("k", "a", 60_000)
         waiters = [asyncio.create_task(backend.wait_lease_released("k", 30)) for _ in range(2)]
-        await asyncio.sleep(0.1)
+        await until_parked(backend, "k", 2)
         await backend.release_lease("k", "a")
         await eventually(lambda: sum(w.done() for w in waiters) == 1)
-        await asyncio.sleep(0.1)
+        assert asleep(backend) == 1  # the other was not woken
         assert sum(w.done() for w in waiters) == 1
         await backend.acquire_lease("k", "b", 60_000)
         assert await backend.transfer_lease("k", "b", "c", 60_000)

@@ -15,6 +15,7 @@ from tenure import Event
 from tenure.backends.sqlite import SqlitePubSub
 from tenure.testing import eventually
 
+from ..support.waiting import until_parked
 from .conftest import Child, Spawner
 
 PROCESSES = 4
@@ -87,7 +88,7 @@ async def test_release_in_another_process_wakes_a_local_waiter(spawn: Spawner, d
     async with SqlitePubSub(db) as backend:
         assert await backend.wait_lease_released("shared-key", timeout=0.2) is False
         waiter = asyncio.create_task(backend.wait_lease_released("shared-key", timeout=30))
-        await asyncio.sleep(0.2)
+        await until_parked(backend, "shared-key")  # looked, saw the child's lease, asleep
         assert not waiter.done()
         await holder.write("release\n")
         assert await holder.line() == {"released": True}
