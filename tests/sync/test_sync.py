@@ -259,3 +259,25 @@ def test_a_sync_thread_runtime_takes_signals_from_many_threads(backend: SyncBack
     assert sorted(n for v in handled.values() for n in v) == list(range(40))
     # One sender thread per thread key would keep send order; here only the set is checked.
     assert set(handled) == {f"thread-{i}" for i in range(4)}
+
+
+def test_a_stalled_loop_thread_cannot_hide_a_loss_from_the_body(backend: SyncBackend) -> None:
+    from tenure.sync import _portal
+
+    hold = tenure.sync.hold(backend, "job", "worker-a", 300)
+    lease = hold.__enter__()
+    stalled = threading.Event()
+
+    def stall() -> None:  # the loop thread stops: no renewal can run
+        stalled.set()
+        threading.Event().wait(0.5)
+
+    _portal.portal().loop.call_soon_threadsafe(stall)
+    assert stalled.wait(10)
+    threading.Event().wait(0.25)  # past the renew deadline (200 ms), the loop still stalled
+    assert not lease.held
+    with pytest.raises(LeaseLost, match="renew deadline"):
+        lease.ensure_held()
+    with pytest.raises(LeaseLost):
+        hold.__exit__(None, None, None)
+    assert lease.lost.is_set()  # declared by the loop once it ran again
