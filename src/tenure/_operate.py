@@ -1,4 +1,5 @@
-"""``tenure leases list|get|revoke``: leases as an operator sees them.
+"""``tenure leases list|get|revoke`` and ``tenure threads``: leases and the
+runtime's threads as an operator sees them.
 
 Every command works on any backend that declares ``Capability.OPERATIONS``
 (all of tenure's), through ``scan_leases``, ``get_lease`` and
@@ -11,6 +12,7 @@ nothing; 69 when the backend cannot be reached or is misconfigured.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,7 +22,7 @@ from ._contract import Capability, LeaseRecord, capabilities_of
 from ._errors import BackendUnavailable, ConfigurationError, InvalidArgument
 from ._url import default_url, from_url, redact_url
 
-__all__ = ["EXIT_UNAVAILABLE", "get", "listing", "revoke"]
+__all__ = ["EXIT_UNAVAILABLE", "get", "listing", "revoke", "threads"]
 
 EXIT_UNAVAILABLE = 69
 _COLUMNS = ("KEY", "OWNER", "TOKEN", "TTL")
@@ -139,5 +141,36 @@ def revoke(url: str | None, key: str, token: int | None) -> int:
         which = "no live lease" if token is None else f"no live lease with token {token}"
         print(f"tenure: {which} on {_shown(key)!r}: nothing revoked", file=sys.stderr)
         return 1
+
+    return _operate(url, work)
+
+
+def threads(url: str | None, namespace: str, as_json: bool) -> int:
+    """``tenure threads``: the namespace's threads with a run or unfinished signals."""
+    from .runtime._names import ThreadNames
+    from .runtime._status import thread_statuses
+
+    async def work(backend: Any) -> int:
+        found = await thread_statuses(backend, backend, ThreadNames(namespace))
+        if as_json:
+            for status in found:
+                print(json.dumps(dataclasses.asdict(status), ensure_ascii=False))
+            return 0
+        header = ("THREAD", "OWNER", "TOKEN", "TTL", "PENDING")
+        rows = [
+            (
+                _shown(s.thread_key),
+                "-" if s.owner is None else _shown(s.owner),
+                "-" if s.token is None else str(s.token),
+                "-" if s.ttl_ms is None else _ttl(s.ttl_ms),
+                "yes" if s.pending else "no",
+            )
+            for s in found
+        ]
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        for row in (header, *rows):
+            print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+        print(f"({len(rows)} thread{'' if len(rows) == 1 else 's'} in {namespace!r})")
+        return 0
 
     return _operate(url, work)

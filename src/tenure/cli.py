@@ -11,6 +11,8 @@ from . import __version__
 
 __all__ = ["main"]
 
+_URL_HELP = "backend URL (default $TENURE_URL, else the default SQLite file)"
+
 
 def _bounded_int(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
@@ -121,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--url",
         default=None,
-        help="backend URL (default $TENURE_URL, else the default SQLite file)",
+        help=_URL_HELP,
     )
     run.add_argument(
         "--ttl-ms", type=_bounded_int(100, 86_400_000), default=15_000, help="lease TTL (15000)"
@@ -137,6 +139,23 @@ def _parser() -> argparse.ArgumentParser:
         "--grace", type=_seconds(3600), default=10.0, help="seconds from SIGTERM to SIGKILL (10)"
     )
     _leases_parser(commands)
+    threads = commands.add_parser(
+        "threads",
+        help="the thread runtime's threads: owner, token, TTL, unfinished signals",
+        description=(
+            "The threads of a namespace that have a run (in any process) or signals not "
+            "yet acknowledged, read from the backend."
+        ),
+    )
+    threads.add_argument(
+        "--namespace", default="tenure.thread", help="the runtime's namespace (tenure.thread)"
+    )
+    threads.add_argument("--json", action="store_true", help="JSON Lines instead of columns")
+    threads.add_argument(
+        "--url",
+        default=None,
+        help=_URL_HELP,
+    )
     doctor = commands.add_parser(
         "doctor",
         help="check that the backend, as deployed, is safe for leases",
@@ -149,7 +168,7 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--url",
         default=None,
-        help="backend URL (default $TENURE_URL, else the default SQLite file)",
+        help=_URL_HELP,
     )
     return parser
 
@@ -161,7 +180,6 @@ def _leases_parser(commands: Any) -> None:
         description="Leases as an operator sees them (any backend that declares OPERATIONS).",
     )
     actions = leases.add_subparsers(dest="action", metavar="ACTION", required=True)
-    url_help = "backend URL (default $TENURE_URL, else the default SQLite file)"
     listing = actions.add_parser("list", help="the live leases: key, owner, token, TTL left")
     listing.add_argument("--prefix", default="", help="only keys that start with this")
     listing.add_argument(
@@ -180,7 +198,7 @@ def _leases_parser(commands: Any) -> None:
         help="only if the lease still carries this fencing token",
     )
     for action in (listing, get, revoke):
-        action.add_argument("--url", default=None, help=url_help)
+        action.add_argument("--url", default=None, help=_URL_HELP)
     for action in (listing, get):
         action.add_argument("--json", action="store_true", help="JSON Lines instead of columns")
 
@@ -209,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 grace=args.grace,
             )
         )
+    if args.command == "threads":
+        from ._operate import threads as show_threads
+
+        return show_threads(args.url, args.namespace, args.json)
     if args.command == "doctor":
         from ._doctor import doctor
 

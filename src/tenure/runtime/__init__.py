@@ -4,6 +4,7 @@ See :mod:`tenure.runtime._runtime` for the design and its guarantees.
 """
 
 from ._runtime import ThreadRun, ThreadRuntime
+from ._status import ThreadStatus
 from ._types import EventKind, Outcome, Policy, RuntimeEvent, SendResult, Signal
 
 __all__ = [
@@ -15,4 +16,5 @@ __all__ = [
     "Signal",
     "ThreadRun",
     "ThreadRuntime",
+    "ThreadStatus",
 ]

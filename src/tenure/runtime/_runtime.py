@@ -109,7 +109,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Self, cast, get_args
 
 from .._contract import Backend, Capability, LeaseProvider, capabilities_of
@@ -125,8 +125,10 @@ from .._lifecycle import AsyncCloseable
 from .._pubsub import Event
 from .._renewer import renew_timing
 from .._validate import check_name, check_timeout, check_ttl
+from ._locks import KeyLocks
 from ._names import ThreadNames
 from ._session import CLOSE_MARKER, GROUP, INTERRUPT, SIGNAL_TYPE, Session, ThreadRun, run_of
+from ._status import ThreadStatus, thread_statuses, with_sessions
 from ._types import EventKind, OnEvent, Policy, RuntimeEvent, SendResult
 
 __all__ = ["CLOSE_MARKER", "GROUP", "SIGNAL_TYPE", "ThreadRun", "ThreadRuntime"]
@@ -277,7 +279,7 @@ class ThreadRuntime(AsyncCloseable):
         self._sessions: dict[str, Session] = {}
         # Topics whose consumer group is known to exist (LRU).
         self._known: OrderedDict[str, None] = OrderedDict()
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._thread_lock = KeyLocks().hold
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._sweep_now = asyncio.Event()
@@ -336,6 +338,19 @@ class ThreadRuntime(AsyncCloseable):
     def owned_threads(self) -> list[str]:
         """Threads this process holds a session for right now."""
         return list(self._sessions)
+
+    async def threads(self) -> list[ThreadStatus]:
+        """The namespace's threads that have a run (in any process) or unfinished
+        signals, read from the backend, by key; see :class:`ThreadStatus`."""
+        found = await thread_statuses(self.provider, self.log, self.names)
+        return with_sessions(found, self._sessions, self.process_id)
+
+    async def thread_status(self, thread_key: str) -> ThreadStatus:
+        """One thread's :class:`ThreadStatus` (no owner and nothing pending if idle)."""
+        found = await thread_statuses(self.provider, self.log, self.names, thread_key)
+        mine = {thread_key: self._sessions[thread_key]} if thread_key in self._sessions else {}
+        found = with_sessions(found, mine, self.process_id)
+        return found[0] if found else ThreadStatus(thread_key, None, None, None, None, None, False)
 
     # -- observability -----------------------------------------------------------
 
@@ -477,22 +492,6 @@ class ThreadRuntime(AsyncCloseable):
         known.move_to_end(topic)
         if len(known) > _KNOWN_TOPICS:
             known.popitem(last=False)
-
-    @contextlib.asynccontextmanager
-    async def _thread_lock(self, thread_key: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(thread_key, (None, 0))
-        if lock is None:
-            lock = asyncio.Lock()
-        self._locks[thread_key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[thread_key]
-            if users <= 1:
-                del self._locks[thread_key]
-            else:
-                self._locks[thread_key] = (lock, users - 1)
 
     async def _try_start(
         self, thread_key: str, kind: EventKind, signal_id: str | None = None

@@ -26,7 +26,9 @@ async def diagnose(backend: RedisLeases) -> list[Finding]:
         reply = await backend._call("CONFIG", "GET", "appendfsync")
         # redis-py may have parsed the pairs into a dict already.
         pairs = (
-            list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2]))
+            list(reply.items())
+            if isinstance(reply, dict)
+            else list(zip(reply[::2], reply[1::2], strict=True))
         )
         fsync: str | None = pairs[0][1].decode() if pairs else None
     except BackendUnavailable:  # CONFIG renamed or not allowed (managed Redis)
