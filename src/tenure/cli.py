@@ -156,6 +156,23 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=_URL_HELP,
     )
+    watch = commands.add_parser(
+        "watch",
+        help="a live view of leases being granted, transferred, released and expiring",
+        description=(
+            "Scan the leases under a prefix every --interval seconds and print each change: "
+            "granted, transferred, granted again, released (or revoked), expired, and "
+            "leases whose renewals stopped. Runs until interrupted."
+        ),
+    )
+    watch.add_argument("--prefix", default="", help="only keys that start with this")
+    watch.add_argument(
+        "--interval", type=_seconds(3600), default=0.5, help="seconds between looks (0.5)"
+    )
+    watch.add_argument(
+        "--count", type=_bounded_int(1, 2**31), default=None, help="stop after this many changes"
+    )
+    watch.add_argument("--url", default=None, help=_URL_HELP)
     doctor = commands.add_parser(
         "doctor",
         help="check that the backend, as deployed, is safe for leases",
@@ -227,6 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 grace=args.grace,
             )
         )
+    if args.command == "watch":
+        from ._watch import watch as watch_leases
+
+        return watch_leases(args.url, args.prefix, args.interval, args.count)
     if args.command == "threads":
         from ._operate import threads as show_threads
 

@@ -1,0 +1,148 @@
+"""``tenure watch``: a live view of leases changing hands.
+
+It scans the leases under a prefix every ``interval`` seconds and reports what
+changed since the last look: grants, transfers, releases (or revocations),
+expiries, and leases whose renewals stopped (their TTL ran below a third of
+the longest seen without being extended). One line per change, with the
+time; the scan works on every backend (``Capability.OPERATIONS``), and a
+change shorter than the interval can be missed (a grant and release between
+two looks), which the header says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ._contract import Capability, LeaseRecord, capabilities_of
+from ._errors import BackendUnavailable, ConfigurationError, InvalidArgument
+from ._url import default_url, from_url, redact_url
+
+__all__ = ["Change", "Seen", "changes", "watch"]
+
+EXIT_UNAVAILABLE = 69
+# Two reads of one lease's TTL differ by more than the time between them only
+# when it was renewed; this much is allowed for where in a scan each was read.
+_SLACK_MS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What a watcher knows of one lease: its last record, when it was read
+    (monotonic seconds), the longest TTL seen, and whether a stop was reported."""
+
+    record: LeaseRecord
+    at: float
+    longest_ms: int
+    stalled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    kind: str  # granted, transferred, regranted, released, expired, stalled
+    key: str
+    text: str
+
+
+def changes(
+    before: dict[str, Seen], now: dict[str, LeaseRecord], at: float
+) -> tuple[list[Change], dict[str, Seen]]:
+    """The changes from ``before`` to the leases ``now`` (read at ``at``), and
+    what is known after them."""
+    found: list[Change] = []
+    after: dict[str, Seen] = {}
+    for key, record in now.items():
+        old = before.get(key)
+        if old is None:
+            found.append(
+                Change("granted", key, f"granted to {record.owner} (token {record.token})")
+            )
+            after[key] = Seen(record, at, record.ttl_ms)
+            continue
+        prev = old.record
+        if record.token != prev.token:
+            if record.owner != prev.owner and _was_live(old, at):
+                text = f"transferred {prev.owner} -> {record.owner} (token {record.token})"
+                found.append(Change("transferred", key, text))
+            else:
+                text = f"granted again to {record.owner} (token {record.token}, was {prev.owner})"
+                found.append(Change("regranted", key, text))
+            after[key] = Seen(record, at, record.ttl_ms)
+            continue
+        longest = max(old.longest_ms, record.ttl_ms)
+        renewed = record.ttl_ms > prev.ttl_ms - (at - old.at) * 1000 + _SLACK_MS
+        stalled = old.stalled and not renewed
+        if not renewed and not old.stalled and record.ttl_ms < longest / 3:
+            text = f"not renewed: {record.owner} has {record.ttl_ms} ms left"
+            found.append(Change("stalled", key, text))
+            stalled = True
+        after[key] = Seen(record, at, longest, stalled)
+    for key, old in before.items():
+        if key in now:
+            continue
+        if _was_live(old, at):
+            text = f"released by {old.record.owner} (or revoked) (token {old.record.token})"
+            found.append(Change("released", key, text))
+        else:
+            text = f"expired: {old.record.owner} stopped renewing (token {old.record.token})"
+            found.append(Change("expired", key, text))
+    return found, after
+
+
+def _was_live(old: Seen, at: float) -> bool:
+    """Whether the lease last seen in ``old`` could not have expired by ``at``."""
+    return old.record.ttl_ms - (at - old.at) * 1000 > 0
+
+
+def _stamp() -> str:
+    return time.strftime("%H:%M:%S", time.localtime())
+
+
+async def _looks(url: str, prefix: str, interval: float, most: int | None) -> None:
+    async with from_url(url) as backend:
+        if Capability.OPERATIONS not in capabilities_of(backend):
+            raise ConfigurationError(f"{type(backend).__name__} cannot list leases")
+        print(
+            f"watching {redact_url(url)} under {prefix!r} every {interval:g} s "
+            "(a change shorter than that can be missed)",
+            flush=True,
+        )
+        now = {key: record async for key, record in backend.scan_leases(prefix)}
+        at = time.monotonic()
+        known = {key: Seen(record, at, record.ttl_ms) for key, record in now.items()}
+        print(f"{_stamp()}  {len(known)} live lease{'' if len(known) == 1 else 's'}", flush=True)
+        reported = 0
+        for tick in _ticks(interval):
+            await asyncio.sleep(max(0.0, tick - time.monotonic()))
+            now = {key: record async for key, record in backend.scan_leases(prefix)}
+            found, known = changes(known, now, time.monotonic())
+            for change in found:
+                print(f"{_stamp()}  {change.kind:<11}  {change.key}  {change.text}", flush=True)
+                reported += 1
+            if most is not None and reported >= most:
+                return
+
+
+def _ticks(interval: float) -> Iterator[float]:
+    """Monotonic times of the looks: a fixed rate, not drifting with the scans."""
+    start = time.monotonic()
+    n = 0
+    while True:
+        n += 1
+        yield start + n * interval
+
+
+def watch(url: str | None, prefix: str, interval: float, most: int | None = None) -> int:
+    """``tenure watch``: runs until interrupted (or ``most`` changes were shown)."""
+    where = url or default_url()
+    try:
+        asyncio.run(_looks(where, prefix, interval, most))
+    except KeyboardInterrupt:
+        return 0
+    except (BackendUnavailable, ConfigurationError, InvalidArgument) as exc:
+        print(f"tenure watch: {exc} (backend {redact_url(where)})", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    return 0

@@ -1,0 +1,120 @@
+"""``tenure watch``: the change detection on hand-made snapshots, and the command
+run as a user runs it while leases are granted, moved, released, revoked and
+left to expire."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import tenure
+from tenure._contract import LeaseRecord
+from tenure._watch import Seen, changes
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+
+def _kinds(before: dict[str, Seen], now: dict[str, LeaseRecord], at: float) -> list[str]:
+    found, _ = changes(before, now, at)
+    return [f"{c.kind} {c.key}" for c in found]
+
+
+def test_each_kind_of_change_is_told_apart() -> None:
+    held = LeaseRecord("alice", 5, 3000)
+    before = {
+        "kept": Seen(held, 10.0, 3000),
+        "moved": Seen(held, 10.0, 3000),
+        "freed": Seen(held, 10.0, 3000),
+        "lapsed": Seen(LeaseRecord("carol", 2, 200), 10.0, 3000),
+        "retaken": Seen(LeaseRecord("dave", 3, 200), 10.0, 3000),
+    }
+    now = {
+        "kept": LeaseRecord("alice", 5, 2900),  # renewed 100 ms before this look
+        "moved": LeaseRecord("bob", 6, 3000),
+        "fresh": LeaseRecord("erin", 9, 3000),
+        "retaken": LeaseRecord("frank", 4, 3000),
+    }
+    assert sorted(_kinds(before, now, 10.5)) == [
+        "expired lapsed",
+        "granted fresh",
+        "regranted retaken",
+        "released freed",
+        "transferred moved",
+    ]
+
+
+def test_a_lease_whose_renewals_stop_is_reported_once() -> None:
+    seen = {"k": Seen(LeaseRecord("alice", 1, 3000), 0.0, 3000)}
+    steps = [(0.9, 2100), (1.8, 1200), (2.5, 500), (2.8, 200)]
+    reported = []
+    for at, ttl in steps:
+        found, seen = changes(seen, {"k": LeaseRecord("alice", 1, ttl)}, at)
+        reported += [c.kind for c in found]
+    assert reported == ["stalled"]
+    found, seen = changes(seen, {"k": LeaseRecord("alice", 1, 3000)}, 2.9)  # renewed again
+    assert found == [] and not seen["k"].stalled
+
+
+def test_a_renewing_holder_is_not_reported() -> None:
+    seen = {"k": Seen(LeaseRecord("alice", 1, 3000), 0.0, 3000)}
+    for i in range(1, 20):
+        at = i * 0.5
+        ttl = 3000 - int((at % 1.0) * 1000)  # renewed every second
+        found, seen = changes(seen, {"k": LeaseRecord("alice", 1, ttl)}, at)
+        assert found == []
+
+
+async def _next_line(stream: asyncio.StreamReader) -> str:
+    line = await asyncio.wait_for(stream.readline(), 30)
+    assert line, "tenure watch ended early"
+    return line.decode().rstrip("\n")
+
+
+@pytest.mark.asyncio
+async def test_the_command_shows_what_happens_to_leases(shared_url: str) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
+    async with tenure.from_url(shared_url) as backend:
+        await backend.acquire_lease("jobs/old", "zed", 60_000)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tenure",
+            "watch",
+            "--url",
+            shared_url,
+            "--prefix",
+            "jobs/",
+            "--interval",
+            "0.1",
+            "--count",
+            "6",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        try:
+            assert "watching" in await _next_line(proc.stdout)
+            assert "1 live lease" in await _next_line(proc.stdout)
+            steps = [
+                (backend.acquire_lease("jobs/a", "alice", 60_000), "granted     jobs/a"),
+                (backend.transfer_lease("jobs/a", "alice", "bob", 60_000), "transferred  jobs/a"),
+                (backend.release_lease("jobs/a", "bob"), "released     jobs/a"),
+                (backend.revoke_lease("jobs/old"), "released     jobs/old"),
+                (backend.acquire_lease("jobs/short", "carol", 300), "granted     jobs/short"),
+            ]
+            for action, expected in steps:
+                await action
+                line = await _next_line(proc.stdout)
+                assert expected.split()[0] in line and expected.split()[1] in line, line
+            line = await _next_line(proc.stdout)  # nobody renews jobs/short
+            assert "jobs/short" in line and ("expired" in line or "stalled" in line), line
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
