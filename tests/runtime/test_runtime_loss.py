@@ -1,23 +1,61 @@
-"""A run learns of its lease's loss at the renew deadline at the latest: hung renew, paused owner.
+"""A run learns of its lease's loss at the renew deadline at the latest: hung renew, paused owner;
+and the runtime's failure paths around the lease: a hand-over whose transfer
+raises, a session whose opening fails, a release that fails.
 
 Two runtimes on one memory backend stand for two processes; the lease
 provider of the first can be made to hang its renewals (a black-holed
 connection at the unit level; the cross-process versions are in
-``test_runtime_processes.py``).
+``test_runtime_processes.py``), or to fail one transfer or release: no real
+fault reaches those calls at a chosen moment of a session.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from typing import Any
 
 import pytest
 
-from tenure import LeaseLost, MemoryPubSub, ThreadRun, ThreadRuntime
+from tenure import BackendUnavailable, LeaseLost, MemoryPubSub, ThreadRun, ThreadRuntime
 from tenure.runtime import RuntimeEvent
 from tenure.testing import eventually
 
-from ..hold.support import Flaky, LateRenewal, stall
+from ..hold.support import FiveMethodsOnly, Flaky, LateRenewal, stall
+
+
+class FailingCalls(FiveMethodsOnly):
+    """Fails the next transfer of the chosen kind, or releases, on purpose.
+
+    ``transfer``: ``"open"`` (a session's opening move, from ``.0``) or
+    ``"handover"`` (to the next run); ``transfer_applied``: the failing transfer
+    is applied on the backend before it raises (a lost reply) or not at all.
+    ``release``: releases raise while set.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.transfer: str | None = None
+        self.transfer_applied = False
+        self.release = False
+        self.failed: list[str] = []
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        kind = "open" if from_owner.endswith(".0") else "handover"
+        if self.transfer != kind:
+            return await super().transfer_lease(key, from_owner, to_owner, ttl_ms)
+        self.transfer = None
+        if self.transfer_applied:
+            await super().transfer_lease(key, from_owner, to_owner, ttl_ms)
+        self.failed.append(f"transfer:{kind}")
+        raise BackendUnavailable("simulated network error") from OSError("connection reset")
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        if self.release:
+            self.failed.append("release")
+            raise BackendUnavailable("simulated network error") from OSError("connection reset")
+        await super().release_lease(key, owner)
 
 
 @pytest.mark.asyncio
@@ -176,3 +214,125 @@ async def test_a_run_whose_renewal_succeeds_after_the_deadline_is_lost() -> None
     assert end.detail == "lost"
     [lost] = [e for e in _runtime_events(events, "lost") if e.run_id == end.run_id]
     assert "succeeded only after" in (lost.detail or "")
+
+
+def _one_signal_per_run(handled: list[tuple[str, Any]], go: asyncio.Event) -> Any:
+    """A handler that takes one signal per run; the first run waits for ``go``."""
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append((run.run_id, signal.payload))
+            if signal.payload == 1:
+                await go.wait()
+            return
+
+    return handler
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("applied", [True, False])
+async def test_a_hand_over_whose_transfer_raises(applied: bool) -> None:
+    # Applied (the reply was lost): the next run goes on as the new owner.
+    # Not applied: the session cannot know it still holds the lease, counts it
+    # lost, and the signal is run by a later session once this one let go.
+    events: list[RuntimeEvent] = []
+    handled: list[tuple[str, Any]] = []
+    go = asyncio.Event()
+    async with MemoryPubSub() as memory:
+        provider = FailingCalls(memory)
+        rt = ThreadRuntime(
+            memory,
+            _one_signal_per_run(handled, go),
+            lease_provider=provider,
+            ttl_ms=600,
+            idle_timeout=0.05,
+            on_event=events.append,
+        )
+        async with rt:
+            await rt.send_signal("t", 1)
+            await eventually(lambda: len(handled) == 1)
+            await rt.send_signal("t", 2)  # buffered behind the first run: a hand-over
+            provider.transfer, provider.transfer_applied = "handover", applied
+            go.set()
+            await eventually(lambda: len(handled) == 2)
+    assert provider.failed == ["transfer:handover"]
+    assert [payload for _, payload in handled] == [1, 2]
+    first_run, second_run = (run_id for run_id, _ in handled)
+    assert first_run != second_run
+    kinds = [e.kind for e in events]
+    if applied:
+        assert "lost" not in kinds
+        [handover] = [e for e in events if e.kind == "handover"]
+        assert (handover.detail, handover.run_id) == (first_run, second_run)
+    else:
+        assert "handover" not in kinds
+        [lost] = _runtime_events(events, "lost")
+        assert lost.run_id == first_run and "no longer held at hand-over" in (lost.detail or "")
+        # The second run is another session's, which took the thread over.
+        assert first_run.split(".")[0] != second_run.split(".")[0]
+
+
+@pytest.mark.asyncio
+async def test_a_session_that_fails_to_open_lets_the_thread_go_and_the_send_can_be_retried() -> (
+    None
+):
+    handled: list[Any] = []
+
+    async def handler(run: ThreadRun) -> None:
+        handled.extend([signal.payload async for signal in run.signals()])
+
+    async with MemoryPubSub() as memory:
+        provider = FailingCalls(memory)
+        async with ThreadRuntime(
+            memory, handler, lease_provider=provider, ttl_ms=600, idle_timeout=0.05
+        ) as rt:
+            provider.transfer = "open"
+            with pytest.raises(BackendUnavailable):
+                await rt.send_signal("t", "hello", signal_id="s-1")
+            # Nothing holds the thread any more, nothing was stored: retrying is safe.
+            assert provider.failed == ["transfer:open"]
+            assert not rt.owned_threads()
+            assert await memory.get_lease_owner(rt.lease_key("t")) is None
+            assert (await rt.send_signal("t", "hello", signal_id="s-1")).outcome == "wake"
+            await eventually(lambda: handled == ["hello"])
+            await asyncio.sleep(0.2)  # room for a second run of it, if there were one
+    assert handled == ["hello"]
+
+
+@pytest.mark.asyncio
+async def test_a_release_that_fails_leaves_the_thread_to_expire_and_be_taken_over(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tenure.runtime")
+    events: list[RuntimeEvent] = []
+    handled: list[Any] = []
+
+    async def handler(run: ThreadRun) -> None:
+        handled.extend([signal.payload async for signal in run.signals()])
+
+    async with MemoryPubSub() as memory:
+        provider = FailingCalls(memory)
+        async with ThreadRuntime(
+            memory,
+            handler,
+            lease_provider=provider,
+            ttl_ms=600,
+            idle_timeout=0.05,
+            on_event=events.append,
+        ) as rt:
+            provider.release = True
+            await rt.send_signal("t", 1)
+            await eventually(lambda: "release" in provider.failed and not rt.owned_threads())
+            provider.release = False
+            # The lease is still the ended session's until it expires: a new
+            # signal waits for that, then is run by a session that takes over.
+            assert await memory.get_lease_owner(rt.lease_key("t")) is not None
+            assert (await rt.send_signal("t", 2)).outcome == "deliver"
+            await eventually(lambda: handled == [1, 2], timeout=10)
+    assert any("releasing" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
+    # No "release" announced for the session whose release failed; the thread
+    # was taken over by another session.
+    [wake] = _runtime_events(events, "wake")
+    assert not [e for e in _runtime_events(events, "release") if e.run_id == wake.run_id]
+    [takeover] = _runtime_events(events, "takeover")
+    assert takeover.run_id != wake.run_id
