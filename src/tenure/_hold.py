@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
+from . import telemetry
 from ._contract import AcquireResult, Capability, LeaseProvider, LeaseRecord, capabilities_of
 from ._errors import InvalidArgument, LeaseLost, LeaseUnavailable
 from ._renewer import Renewer, renew_timing
@@ -71,15 +72,20 @@ async def _acquire_wait(
     provider: LeaseProvider, key: str, owner: str, ttl_ms: int, timeout: float | None
 ) -> tuple[AcquireResult, float]:
     """``acquire_wait``'s loop; also returns when the winning request was sent (monotonic)."""
-    give_up = None if timeout is None else time.monotonic() + timeout
+    started = time.monotonic()
+    give_up = None if timeout is None else started + timeout
     wait_released = _extension(provider, Capability.RELEASE_WAKEUPS, "wait_lease_released")
     get_lease = _extension(provider, Capability.RECORD, "get_lease")
     backoff = _MIN_BACKOFF
+    waited = False
     while True:
         sent = time.monotonic()
         result = await provider.acquire_lease(key, owner, ttl_ms)
         if result.acquired:
+            if waited:  # how long the busy key took to come to this waiter
+                telemetry.observe("tenure.lease.handoff.duration", time.monotonic() - started)
             return result, sent
+        waited = True
         holder = result.owner
         left = math.inf if give_up is None else give_up - time.monotonic()
         if left <= 0:

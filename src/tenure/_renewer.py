@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
+from . import telemetry
 from ._contract import LeaseProvider
 from ._errors import BackendClosed, InvalidArgument
 
@@ -132,6 +133,7 @@ class Renewer:
         if task is not None and task is not asyncio.current_task():
             task.cancel()
         logger.warning("lease %r of %r lost: %s", self.key, self.owner, reason)
+        telemetry.count("tenure.lease.lost")
         if self.on_lost is not None:
             self.on_lost(reason)
 
@@ -221,6 +223,7 @@ class Renewer:
                     self.owner,
                     error,
                 )
+                telemetry.count("tenure.lease.renew.failures", {"tenure.error": type(exc).__name__})
                 await asyncio.sleep(max(0.0, min(delay, deadline - self._clock())))
                 delay = min(delay * 2, self.every / 2)
                 continue

@@ -19,6 +19,7 @@ import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, ClassVar
 
+from .. import telemetry
 from .._contract import Capability, LeaseRecord
 from .._errors import BackendClosed, InvalidArgument
 from .._lifecycle import AsyncCloseable
@@ -241,6 +242,7 @@ class LeaseCore(AsyncCloseable, abc.ABC):
         expected = check_count(token, "token")
         if not await self._revoke(key, expected):
             return False
+        telemetry.count("tenure.lease.revocations")
         self._freed(key)
         return True
 

@@ -112,6 +112,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Self, cast, get_args
 
+from .. import telemetry
 from .._contract import Backend, Capability, LeaseProvider, capabilities_of
 from .._detect import NoopLeaseProvider, is_lease_provider, lease_provider_for
 from .._errors import (
@@ -364,6 +365,7 @@ class ThreadRuntime(AsyncCloseable):
         signal_id: str | None = None,
         detail: str | None = None,
     ) -> None:
+        telemetry.count("tenure.runtime.events", {"tenure.runtime.event": kind})
         if self._on_event is None:
             return
         event = RuntimeEvent(
