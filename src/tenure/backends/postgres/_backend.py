@@ -90,8 +90,9 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
     that stored the waiting claim notified, and a member takes again at once
     after every take that found something (and once more 50 ms after the
     first that found nothing, for a publish that committed just after it
-    looked). PostgreSQL serialises the commits of notifying transactions, so
-    a notification per event would cap the publish rate. ``LISTEN`` needs a
+    looked; one whose statement took longer than that waits for the fallback
+    poll below). PostgreSQL serialises the commits of notifying transactions,
+    so a notification per event would cap the publish rate. ``LISTEN`` needs a
     *session*: a direct connection or a session-pooled one, never PgBouncer
     in transaction pooling mode (pass ``listen_conninfo=`` then). Every
     statement of the event half is a single statement in its own transaction,
