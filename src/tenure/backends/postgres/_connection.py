@@ -254,6 +254,7 @@ class PgConnection:
         self._ping_interval = ping_interval
         names = {
             "waiters": "_waiters",
+            "live": "_live",
             "events": "_events",
             "groups": "_groups",
             "claims": "_claims",
@@ -446,7 +447,12 @@ class PgConnection:
             self.events_ready = True
 
     async def _create_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        await self._ensure(conn, "schema", [self.table, self._table_names["waiters"]], clock=True)
+        await self._ensure(
+            conn,
+            "schema",
+            [self.table, self._table_names["waiters"], self._table_names["live"]],
+            clock=True,
+        )
 
     async def _ensure(
         self,

@@ -27,6 +27,20 @@ CREATE TABLE IF NOT EXISTS {waiters} (
     PRIMARY KEY (key, waiter)
 )
 --;
+-- Live leases readable with plain SQL (SELECT * FROM <schema>.<table>_live).
+-- Keys and owners are stored as bytea (text cannot hold NUL); here they are
+-- text, escaped only when they hold a NUL. It reads the real clock.
+CREATE OR REPLACE VIEW {live} AS
+SELECT CASE WHEN position('\x00'::bytea IN t.key) = 0 THEN convert_from(t.key, 'UTF8')
+            ELSE encode(t.key, 'escape') END AS key,
+       CASE WHEN position('\x00'::bytea IN t.owner) = 0 THEN convert_from(t.owner, 'UTF8')
+            ELSE encode(t.owner, 'escape') END AS owner,
+       t.token,
+       t.deadline AS expires_at,
+       ceil(extract(epoch FROM t.deadline - pg_catalog.clock_timestamp()) * 1000)::bigint AS ttl_ms
+FROM {table} AS t
+WHERE t.owner IS NOT NULL AND t.deadline > pg_catalog.clock_timestamp()
+--;
 -- The one clock every statement reads. clock_timestamp() is the real time of
 -- the call; now() would be the start of the transaction. Tests replace this
 -- function (CREATE OR REPLACE) in a schema of their own to control time.
