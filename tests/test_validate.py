@@ -7,7 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tenure import InvalidArgument
-from tenure._validate import MAX_TTL_MS, check_name, check_timeout, check_ttl
+from tenure._validate import (
+    MAX_TTL_MS,
+    check_count,
+    check_keys,
+    check_name,
+    check_prefix,
+    check_timeout,
+    check_ttl,
+)
 
 
 @given(st.text(min_size=1).filter(lambda s: len(s.encode("utf-8", "surrogatepass")) <= 1024))
@@ -46,10 +54,13 @@ def test_nul_and_boundaries_are_valid() -> None:
 
 
 class Millis(enum.IntEnum):
+    LEAST = 1
     SECOND = 1000
+    MOST = MAX_TTL_MS
 
 
-@pytest.mark.parametrize("value", [1, 1000, MAX_TTL_MS, Millis.SECOND])
+# An int subclass takes the slow path: its boundaries are checked there too.
+@pytest.mark.parametrize("value", [1, 1000, MAX_TTL_MS, Millis.LEAST, Millis.SECOND, Millis.MOST])
 def test_good_ttls(value: int) -> None:
     assert check_ttl(value) == value
     assert type(check_ttl(value)) is int
@@ -72,10 +83,48 @@ def test_bad_ttls_have_exact_messages(value: object, message: str) -> None:
     assert str(info.value) == message
 
 
-@pytest.mark.parametrize("value", [-0.1, float("nan"), float("inf"), True, "1", None])
-def test_bad_timeouts(value: object) -> None:
-    with pytest.raises(InvalidArgument, match="timeout"):
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (-0.1, "timeout must be a finite number of seconds >= 0, got -0.1"),
+        (float("nan"), "timeout must be a finite number of seconds >= 0, got nan"),
+        (float("inf"), "timeout must be a finite number of seconds >= 0, got inf"),
+        (True, "timeout must be a number of seconds, got bool"),
+        ("1", "timeout must be a number of seconds, got str"),
+        (None, "timeout must be a number of seconds, got NoneType"),
+    ],
+)
+def test_bad_timeouts_have_exact_messages(value: object, message: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
         check_timeout(value)
+    assert str(info.value) == message
+
+
+def test_counts_prefixes_and_key_lists() -> None:
+    assert check_count(None, "limit") is None
+    assert check_count(1, "limit") == 1
+    assert type(check_count(Millis.LEAST, "limit")) is int
+    for bad, message in [
+        (0, "limit must be None or an int >= 1, got 0"),
+        (-5, "limit must be None or an int >= 1, got -5"),
+        (True, "limit must be None or an int >= 1, got bool"),
+        (1.0, "limit must be None or an int >= 1, got float"),
+    ]:
+        with pytest.raises(InvalidArgument) as info:
+            check_count(bad, "limit")
+        assert str(info.value) == message
+    assert check_prefix("") == ""
+    assert check_prefix("a/") == "a/"
+    with pytest.raises(InvalidArgument, match=r"^prefix must be a str, got bytes$"):
+        check_prefix(b"")
+    assert check_keys(["a", "b"]) == ["a", "b"]
+    assert check_keys(()) == []
+    for bad_keys, kind in [("ab", "str"), (b"ab", "bytes"), ({"a"}, "set"), (None, "NoneType")]:
+        with pytest.raises(InvalidArgument) as info:
+            check_keys(bad_keys)
+        assert str(info.value) == f"keys must be a sequence of str, got {kind}"
+    with pytest.raises(InvalidArgument, match=r"^key must not be empty$"):
+        check_keys(["a", ""])
 
 
 def test_good_timeouts() -> None:
