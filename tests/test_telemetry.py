@@ -176,6 +176,10 @@ async def test_the_runtime_counts_its_steps() -> None:
         await rt.send_signal("t", 2)
         await asyncio.wait_for(done.wait(), 10)
     after = {k: _total("tenure.runtime.events", **{"tenure.runtime.event": k}) for k in before}
+    runs = [s for s in _SPANS.get_finished_spans() if s.name == "tenure run"]
+    assert runs and runs[-1].attributes is not None
+    assert runs[-1].attributes["tenure.thread"] == "t"
+    assert runs[-1].attributes["tenure.run.end"] in {"ok", "cancelled"}
     assert after["wake"] == before["wake"] + 1
     assert after["deliver"] == before["deliver"] + 1
     assert after["signal"] == before["signal"] + 2

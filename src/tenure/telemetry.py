@@ -16,7 +16,9 @@ Always (cheap, off the hot path):
 - ``tenure.runtime.events`` (counter): the thread runtime's steps by
   ``tenure.runtime.event`` (``wake``, ``deliver``, ``signal``, ``takeover``,
   ``lost``, ``run_end``, ...), i.e. signals sent, delivered and handled, runs
-  and takeovers.
+  and takeovers;
+- a span ``tenure run`` around each run of a thread's handler (its thread, run
+  id and token, and how it ended), so the handler's own spans nest under it.
 
 Per backend call, only for a backend wrapped with :func:`instrument` (every
 call then pays for a span and a histogram record, so it is a choice):
@@ -89,6 +91,12 @@ def _instrument(kind: str, name: str, unit: str, description: str) -> Any:
         found = getattr(meter, f"create_{kind}")(name, unit=unit, description=description)
         _instruments[name] = found
     return found
+
+
+def span(name: str, attributes: dict[str, str | int]) -> Any:
+    """A context manager: a span named ``name`` around the block (a no-op without OpenTelemetry)."""
+    _, tracer = _otel()
+    return tracer.start_as_current_span(name, attributes=attributes)
 
 
 def count(name: str, attributes: dict[str, str] | None = None, amount: int = 1) -> None:

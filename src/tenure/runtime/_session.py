@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from .. import telemetry
 from .._errors import LeaseLost, TenureError
 from .._pubsub import Event
 from .._renewer import Renewer
@@ -512,6 +513,19 @@ class Session:
             rt.emit("run_end", self.thread_key, run_id=run.run_id, token=run.token, detail=end)
 
     async def _call_handler(self, run: ThreadRun) -> RunEnd:
+        attributes: dict[str, str | int] = {"tenure.thread": run.thread_key}
+        attributes["tenure.run_id"] = run.run_id
+        if run.token is not None:
+            attributes["tenure.token"] = run.token
+        with telemetry.span("tenure run", attributes) as span:
+            end = "cancelled"  # unless the handler's end is known
+            try:
+                end = await self._handle(run)
+                return end
+            finally:
+                span.set_attribute("tenure.run.end", end)
+
+    async def _handle(self, run: ThreadRun) -> RunEnd:
         try:
             await self.rt.handler(run)
         except asyncio.CancelledError:
