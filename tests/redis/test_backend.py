@@ -185,6 +185,7 @@ def test_declared_capabilities() -> None:
         | C.RENEW_MANY
         | C.RELEASE_WAKEUPS
         | C.ATOMIC_TRANSFER
+        | C.OPERATIONS
         | C.EVENTS
         | C.DURABLE_GROUPS
         | C.DEDUPE
