@@ -20,8 +20,10 @@ __all__ = [
     "Callback",
     "Event",
     "PubSub",
+    "check_backlog",
     "check_callback",
     "check_group",
+    "check_subscribe",
     "join_slot",
     "prepare_event",
     "remove_member",
@@ -143,6 +145,20 @@ def check_callback(callback: Any) -> Callback:
 
 def check_group(group: Any) -> str | None:
     return None if group is None else check_name(group, "group")
+
+
+def check_subscribe(topic: Any, callback: Any, group: Any) -> None:
+    """The arguments of ``subscribe``."""
+    check_name(topic, "topic")
+    check_callback(callback)
+    check_group(group)
+
+
+def check_backlog(prefix: Any, group: Any) -> None:
+    """The arguments of ``backlog``."""
+    if not isinstance(prefix, str):
+        raise InvalidArgument(f"prefix must be a str, got {type(prefix).__name__}")
+    check_name(group, "group")
 
 
 class PubSub(AsyncCloseable, abc.ABC):

@@ -14,101 +14,50 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import deque
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from ..._errors import BackendUnavailable, InvalidArgument
-from ..._pubsub import (
-    Callback,
-    Event,
-    PubSub,
-    check_callback,
-    check_group,
-    join_slot,
-    prepare_event,
-    remove_member,
-)
+from ..._pubsub import Callback, Event, prepare_event
 from ..._validate import check_name
+from .._claimed import ClaimedEvents, ClaimGroup, EventOptions, Outcome
 from ._connection import PgConnection
 
-__all__ = ["EventOptions", "PostgresEvents"]
+__all__ = ["PostgresEvents"]
 
 logger = logging.getLogger("tenure.postgres")
 
 _BATCH = 100  # claims taken per fetch
 _SETTLE_BATCH = 1000  # outcomes written per statement
 _RECHECK = 0.05  # seconds after a take that found claims and one that found none: one more
-# Past every topic that starts with a given prefix: no UTF-8 text has a 0xFF byte.
-_PAST_ALL = b"\xff"
-
-# (group id, event id, attempt delivered, failed): an acknowledgement, or a
-# failed attempt that the consumer delivers again itself.
-_Outcome = tuple[int, int, int, bool]
-
-
-@dataclass(frozen=True)
-class EventOptions:
-    """The event half's settings (seconds unless said otherwise)."""
-
-    visibility_timeout: float = 30.0
-    max_attempts: int = 5
-    poll_interval: float = 1.0
-    prune_interval: float = 10.0
-    retention: float = 7 * 24 * 3600.0
-    dedupe_window: float = 24 * 3600.0
 
 
 @dataclass(eq=False)
-class _Group:
-    """This instance's view of one consumer group on one topic.
-
-    A fan-out subscriber has a private group of its own; a named group is shared
-    by its members in every process, who compete for its claims.
-    """
-
-    topic: str
-    name: str | None
-    gid: int
-    queue: asyncio.Queue[tuple[int, Event]] = field(default_factory=asyncio.Queue)
-    workers: dict[Callback, asyncio.Task[None]] = field(default_factory=dict)
-    # Event id -> attempt, for the claims this instance took and has not yet
-    # settled; the heartbeat extends them. A queued event whose attempt is not
-    # (or no longer) here was reclaimed or taken by another member: not delivered.
-    held: dict[int, int] = field(default_factory=dict)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    progress: asyncio.Event = field(default_factory=asyncio.Event)
-    fetcher: asyncio.Task[None] | None = None
+class _Group(ClaimGroup):
     # flush: fetches asked for, and the last one that found nothing more due.
     asked: int = 0
     drained: int = 0
     # The last take found claims (the next empty one schedules a second look).
     busy: bool = False
 
-    @property
-    def private(self) -> bool:
-        return self.name is None
+    def behind(self, mark: int) -> bool:
+        return self.drained < mark
 
 
-class PostgresEvents(PubSub):
+class PostgresEvents(ClaimedEvents[_Group]):
     """Pub/sub on the event tables: the event-loop side (mixed into :class:`PostgresPubSub`)."""
 
+    _task_prefix = "tenure-postgres"
+    _logger = logger
     _conn: PgConnection
     _closed: bool
 
-    if TYPE_CHECKING:
-
-        def _check_open(self) -> None: ...  # from LeaseCore, first in the backend's MRO
-
     def _init_events(self, opts: EventOptions) -> None:
-        self._event_opts = opts
-        self._consumer = uuid.uuid4()
+        self._init_claimed(opts, uuid.uuid4())
         # A private group whose instance stops heart-beating (every
         # visibility_timeout / 3) is deleted by any instance after this long.
         self._alive_for = 5 * opts.visibility_timeout
-        self._topics: dict[str, dict[str | Callback, _Group]] = {}
-        self._maintenance_task: asyncio.Task[None] | None = None
-        self._outcomes: deque[_Outcome] = deque()
         self._settler: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
         self._settled.set()
@@ -144,13 +93,11 @@ class PostgresEvents(PubSub):
         except ValueError:
             logger.warning("ignoring a malformed notification on %s", self._conn.event_channel)
             return
-        for group in self._topics.get(topic, {}).values():
-            group.wake.set()
+        self._wake(topic)
 
     def _wake_all(self) -> None:
-        for groups in self._topics.values():
-            for group in groups.values():
-                group.wake.set()
+        for group in self._groups():
+            group.wake.set()
 
     # -- the contract -----------------------------------------------------------------
 
@@ -195,51 +142,17 @@ class PostgresEvents(PubSub):
             if first is not None:
                 return Event.from_json(first)
         if stored is not None:
-            for group in self._topics.get(topic, {}).values():
-                group.wake.set()
+            self._wake(topic)
         return event
 
-    async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
-        """Deliver events published on ``topic`` from now on to ``callback``.
+    async def _join(self, topic: str, group: str | None) -> _Group:
+        return _Group(topic, group, await self._group_id(topic, group))
 
-        With ``group``, join that durable group (created if it does not exist
-        yet, in any process); members compete for its events.
-        """
-        check_name(topic, "topic")
-        check_callback(callback)
-        check_group(group)
-        self._check_open()
-        groups, slot = join_slot(self._topics, topic, callback, group)
-        target = groups.get(slot)
-        loop = asyncio.get_running_loop()
-        if target is None:
-            try:
-                gid = await self._join(topic, group)
-            except BaseException:
-                if not groups:
-                    del self._topics[topic]
-                raise
-            target = groups.get(slot)  # another subscribe may have won while we waited
-            if target is None:
-                target = groups[slot] = _Group(topic, group, gid)
-                target.fetcher = loop.create_task(
-                    self._fetch_loop(target), name=f"tenure-postgres-fetch-{topic}"
-                )
-            elif group is None:  # the same callback subscribed twice at once
-                await self._sql("subscribe", self._q_delete_group, {"id": gid}, retry=True)
-                raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
-        if callback in target.workers:
-            raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
-        target.workers[callback] = loop.create_task(
-            self._deliver(target, callback), name=f"tenure-postgres-{topic}"
-        )
-        target.wake.set()
-        if self._maintenance_task is None or self._maintenance_task.done():
-            self._maintenance_task = loop.create_task(
-                self._maintain(), name="tenure-postgres-maintenance"
-            )
+    async def _drop(self, target: _Group) -> None:
+        await self._sql("subscribe", self._q_delete_group, {"id": target.gid}, retry=True)
 
-    async def _join(self, topic: str, group: str | None) -> int:
+    async def _group_id(self, topic: str, group: str | None) -> int:
+        """Join (creating it if needed) the group in the database; its id."""
         # LISTEN first: a publish committed after the group exists must wake us.
         await self._conn.listen("subscribe")
         name = b"\0fan-out\0" + uuid.uuid4().bytes if group is None else group.encode()
@@ -258,61 +171,26 @@ class PostgresEvents(PubSub):
         return gid
 
     async def unsubscribe(self, topic: str, callback: Callback) -> None:
-        check_name(topic, "topic")
-        self._check_open()
-        groups = self._topics.get(topic, {})
-        for slot, target in await remove_member(groups, callback):
-            del groups[slot]
-            await self._leave(target)
-        if not groups:
-            self._topics.pop(topic, None)
+        await super().unsubscribe(topic, callback)
         # What the member finished is acknowledged before this returns: a
         # successor that reclaims next does not get it again.
         await self._settle_all()
 
-    async def reclaim(self, topic: str, group: str) -> int:
-        """Give every event a member of ``group`` took and has not acknowledged back to the group now.
-
-        Returns how many (0 if the topic or group does not exist). Members take
-        them before any newer event, oldest first, each as one more attempt.
-        """
-        check_name(topic, "topic")
-        check_name(group, "group")
-        self._check_open()
+    async def _reclaim(self, topic: bytes, name: bytes) -> Sequence[tuple[int, int, object]]:
         # This instance's outcomes first, so an event it finished just before
         # is not delivered again.
         await self._settle_all()
         taken = await self._sql(
             "reclaim",
             self._q_reclaim,
-            {"topic": topic.encode(), "name": group.encode(), "channel": self._conn.event_channel},
+            {"topic": topic, "name": name, "channel": self._conn.event_channel},
             retry=True,
         )
-        target = self._topics.get(topic, {}).get(group)
-        if target is not None:
-            for event_id, attempt, consumer, _ in taken:
-                if consumer == self._consumer and target.held.get(event_id) == attempt:
-                    del target.held[event_id]
-            target.wake.set()
-        return len(taken)
+        return [(event_id, attempt, consumer) for event_id, attempt, consumer, _ in taken]
 
-    async def backlog(self, prefix: str, group: str) -> list[str]:
-        """The topics starting with ``prefix`` whose ``group`` has events not yet acknowledged."""
-        if not isinstance(prefix, str):
-            raise InvalidArgument(f"prefix must be a str, got {type(prefix).__name__}")
-        check_name(group, "group")
-        self._check_open()
-        try:
-            low = prefix.encode()
-        except UnicodeEncodeError:
-            raise InvalidArgument("prefix must be encodable as UTF-8") from None
-        # Every UTF-8 text that starts with low sorts before this bound, and no other.
-        high = low[:-1] + bytes([low[-1] + 1]) if low else _PAST_ALL
+    async def _backlog(self, name: bytes, low: bytes, high: bytes) -> list[str]:
         rows = await self._sql(
-            "backlog",
-            self._q_backlog,
-            {"name": group.encode(), "low": low, "high": high},
-            retry=True,
+            "backlog", self._q_backlog, {"name": name, "low": low, "high": high}, retry=True
         )
         return [bytes(topic).decode() for (topic,) in rows]
 
@@ -329,31 +207,18 @@ class PostgresEvents(PubSub):
         shortly after, in batches.
         """
         self._check_open()
-        for group in [g for gs in self._topics.values() for g in gs.values()]:
+        for group in self._groups():
             group.asked += 1
-            wanted = group.asked
-            while group.drained < wanted and group.fetcher is not None and not group.fetcher.done():
-                group.progress.clear()
-                group.wake.set()
-                await group.progress.wait()
-            if group.workers:
-                await group.queue.join()
+            await group.catch_up(group.asked)
 
     # -- taking and delivering ----------------------------------------------------------
 
     async def _leave(self, target: _Group) -> None:
-        if target.fetcher is not None:
-            target.fetcher.cancel()
-            await asyncio.gather(target.fetcher, return_exceptions=True)
+        await target.stop_fetching()
         if target.private:
             await self._sql("unsubscribe", self._q_delete_group, {"id": target.gid}, retry=True)
             return
-        unfinished: list[tuple[int, int]] = []
-        while not target.queue.empty():
-            event_id, event = target.queue.get_nowait()
-            if target.held.get(event_id) == event.attempt:
-                del target.held[event_id]
-                unfinished.append((event_id, event.attempt))
+        unfinished = target.unfinished()
         if unfinished:
             await self._sql(
                 "unsubscribe",
@@ -383,7 +248,6 @@ class PostgresEvents(PubSub):
         return sorted((int(e), int(a), body) for e, a, body in rows)
 
     async def _fetch_loop(self, group: _Group) -> None:
-        max_attempts = self._event_opts.max_attempts
         loop = asyncio.get_running_loop()
         while True:
             await group.wake.wait()
@@ -396,7 +260,7 @@ class PostgresEvents(PubSub):
                 # Leaving: queue what the take got, so that leaving hands it
                 # back instead of stranding it until the visibility timeout.
                 with contextlib.suppress(Exception):
-                    self._queue_claimed(group, await job, max_attempts)
+                    self._queue_claimed(group, await job)
                 raise
             except BackendUnavailable as exc:
                 logger.warning("cannot take events of topic %r: %s", group.topic, exc)
@@ -405,7 +269,7 @@ class PostgresEvents(PubSub):
                 await asyncio.sleep(0.5)
                 group.wake.set()
                 continue
-            self._queue_claimed(group, claimed, max_attempts)
+            self._queue_claimed(group, claimed)
             if len(claimed) >= _BATCH:
                 group.progress.set()
                 await group.queue.join()
@@ -425,76 +289,19 @@ class PostgresEvents(PubSub):
                     group.busy = False
                     loop.call_later(_RECHECK, group.wake.set)
 
-    def _queue_claimed(
-        self, group: _Group, claimed: list[tuple[int, int, str]], max_attempts: int
-    ) -> None:
+    def _queue_claimed(self, group: _Group, claimed: list[tuple[int, int, str]]) -> None:
+        due: list[tuple[int, int, str]] = []
         for event_id, attempt, body in claimed:
-            if attempt > max_attempts:
-                logger.error(
-                    "event %d of topic %r was delivered %d times without being acknowledged "
-                    "(its subscribers died or raised); dropping it",
-                    event_id,
-                    group.topic,
-                    attempt - 1,
-                )
+            if attempt > self._event_opts.max_attempts:
+                self._dropped(group, event_id, attempt - 1)
                 self._settle(group.gid, event_id, attempt)
-                continue
-            group.held[event_id] = attempt
-            group.queue.put_nowait((event_id, Event.from_json(body, attempt)))
-
-    async def _deliver(self, group: _Group, callback: Callback) -> None:
-        queue_ = group.queue
-        max_attempts = self._event_opts.max_attempts
-        held = group.held
-        while True:
-            event_id, event = await queue_.get()
-            if held.get(event_id) != event.attempt:
-                queue_.task_done()  # reclaimed or taken by another member meanwhile
-                continue
-            try:
-                await callback(event)
-            except asyncio.CancelledError:
-                # Unsubscribed mid-delivery: hand the event to another member.
-                queue_.put_nowait((event_id, event))
-                raise
-            except Exception:
-                if held.get(event_id) != event.attempt:
-                    pass  # reclaimed while it ran: no longer ours to retry or drop
-                elif event.attempt < max_attempts:
-                    logger.warning(
-                        "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
-                        group.topic,
-                        event.id,
-                        event.attempt,
-                        max_attempts,
-                        exc_info=True,
-                    )
-                    self._settle(group.gid, event_id, event.attempt, failed=True)
-                    held[event_id] = event.attempt + 1
-                    queue_.put_nowait((event_id, replace(event, attempt=event.attempt + 1)))
-                else:
-                    logger.error(
-                        "callback for topic %r raised on event %s %d times; dropping it",
-                        group.topic,
-                        event.id,
-                        event.attempt,
-                        exc_info=True,
-                    )
-                    del held[event_id]
-                    self._settle(group.gid, event_id, event.attempt)
             else:
-                if held.get(event_id) == event.attempt:
-                    del held[event_id]
-                # Written even when reclaimed meanwhile: it then changes nothing.
-                self._settle(group.gid, event_id, event.attempt)
-            finally:
-                queue_.task_done()
+                due.append((event_id, attempt, body))
+        group.queue_claimed(due)
 
     # -- outcomes, in batches -----------------------------------------------------------
 
-    def _settle(self, gid: int, event_id: int, attempt: int, *, failed: bool = False) -> None:
-        """Queue the outcome of delivery ``attempt``: acknowledged, or failed; written in batches."""
-        self._outcomes.append((gid, event_id, attempt, failed))
+    def _write_outcomes(self) -> None:
         if self._settler is None or self._settler.done():
             self._settled.clear()
             self._settler = asyncio.get_running_loop().create_task(
@@ -504,7 +311,7 @@ class PostgresEvents(PubSub):
     async def _settle_loop(self) -> None:
         try:
             while self._outcomes:
-                batch: list[_Outcome] = []
+                batch: list[Outcome] = []
                 seen: set[tuple[int, int]] = set()
                 # Each claim at most once per statement (a failure, then the
                 # retry's success, go in two statements, in order).
@@ -543,10 +350,7 @@ class PostgresEvents(PubSub):
             if self._settler is None or self._settler.done():
                 if not self._outcomes:
                     break
-                self._settled.clear()
-                self._settler = asyncio.get_running_loop().create_task(
-                    self._settle_loop(), name="tenure-postgres-settle"
-                )
+                self._write_outcomes()
             await self._settled.wait()
 
     # -- upkeep -----------------------------------------------------------------------
@@ -577,7 +381,7 @@ class PostgresEvents(PubSub):
     async def _heartbeat(self) -> None:
         """Extend this instance's claims and groups; forget the claims and groups it lost."""
         await self._settle_all()  # the attempts compared below are then current
-        groups = [g for gs in self._topics.values() for g in gs.values()]
+        groups = self._groups()
         held = [(g.gid, e, a) for g in groups for e, a in g.held.items()]
         kept: set[tuple[int, int]] = set()
         if held:
@@ -594,23 +398,15 @@ class PostgresEvents(PubSub):
                 retry=True,
             )
             kept = {(int(g), int(e)) for g, e in rows}
-        by_gid = {g.gid: g for g in groups}
-        for gid, event_id, attempt in held:
-            owner = by_gid.get(gid)
-            if (
-                (gid, event_id) not in kept
-                and owner is not None
-                and owner.held.get(event_id) == attempt
-            ):
-                del owner.held[event_id]
+        self._forget(groups, [h for h in held if h[:2] not in kept])
         alive = await self._sql(
             "extend groups",
             self._q_alive,
-            {"ids": list(by_gid), "alive": self._alive_for},
+            {"ids": [g.gid for g in groups], "alive": self._alive_for},
             retry=True,
         )
         present = {int(gid) for (gid,) in alive}
-        current = {id(g) for gs in self._topics.values() for g in gs.values()}
+        current = {id(g) for g in self._groups()}
         for group in groups:
             if group.gid not in present and id(group) in current:
                 await self._rejoin(group)
@@ -621,7 +417,7 @@ class PostgresEvents(PubSub):
             "silent for longer than 5 x visibility_timeout); joining again",
             group.topic,
         )
-        group.gid = await self._join(group.topic, group.name)
+        group.gid = await self._group_id(group.topic, group.name)
         group.held.clear()
         group.wake.set()
 
@@ -639,14 +435,7 @@ class PostgresEvents(PubSub):
 
     async def _close_events(self) -> None:
         """Stop delivery, hand back what was taken and not delivered, write the last outcomes."""
-        groups = [g for gs in self._topics.values() for g in gs.values()]
-        self._topics.clear()
-        tasks = [t for g in groups for t in g.workers.values()]
-        if self._maintenance_task is not None:
-            tasks.append(self._maintenance_task)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        groups = await self._stop_events()
         try:
             for group in groups:
                 await self._leave(group)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..._errors import BackendUnavailable
+from .._claimed import EventOptions
 
 __all__ = [
     "CHUNK",
@@ -101,14 +102,11 @@ def create_schema(conn: sqlite3.Connection) -> None:
 
 
 @dataclass(frozen=True)
-class Options:
-    busy_timeout_ms: int = 5000
-    visibility_timeout: float = 30.0
-    max_attempts: int = 5
+class Options(EventOptions):
+    """The event settings (``poll_interval``: change detection's), and the connection's."""
+
     poll_interval: float = 0.01
-    prune_interval: float = 10.0
-    retention: float = 7 * 86400.0
-    dedupe_window: float = 86400.0
+    busy_timeout_ms: int = 5000
     synchronous: str = "normal"
 
 

@@ -15,20 +15,13 @@ import sqlite3
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from ..._errors import BackendUnavailable, InvalidArgument
-from ..._pubsub import (
-    Callback,
-    Event,
-    PubSub,
-    check_callback,
-    check_group,
-    join_slot,
-    prepare_event,
-    remove_member,
-)
+from ..._errors import BackendUnavailable
+from ..._pubsub import Event, prepare_event
 from ..._validate import check_name
+from .._claimed import ClaimedEvents, ClaimGroup, Outcome
 from ._connection import Connected, Options, load_sql, write
 
 __all__ = ["EventLog", "SqliteEvents"]
@@ -66,43 +59,18 @@ _PRUNE_ORPHAN_CLAIMS = load_sql("claim_prune_orphans")
 
 _BATCH = 100  # events claimed per fetch
 
-# (group id, event id, attempt delivered, failed): an acknowledgement, or a
-# failed attempt that the consumer delivers again itself.
-_Ack = tuple[int, int, int, bool]
-# Past every topic that starts with a given prefix: no UTF-8 text has a 0xFF byte.
-_PAST_ALL = b"\xff"
-
 
 class _Gone(Exception):
     """The consumer group row disappeared (deleted as stale by another process)."""
 
 
 @dataclass(eq=False)
-class _Group:
-    """This instance's view of one consumer group on one topic.
+class _Group(ClaimGroup):
+    # The newest event id of the topic this group has claims for (or skipped).
+    cursor: int = 0
 
-    A fan-out subscriber has a private group of its own; a named group is shared
-    by its members in every process, who compete for its events.
-    """
-
-    topic: str
-    name: str | None
-    gid: int
-    cursor: int
-    queue: asyncio.Queue[tuple[int, Event]] = field(default_factory=asyncio.Queue)
-    workers: dict[Callback, asyncio.Task[None]] = field(default_factory=dict)
-    # Event id -> attempt, for the claims this instance holds and has not yet
-    # acknowledged or dropped; their visibility deadline is extended while this
-    # instance lives. A queued event whose attempt is not (or no longer) here was
-    # reclaimed or taken by another member, and is not delivered.
-    held: dict[int, int] = field(default_factory=dict)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    progress: asyncio.Event = field(default_factory=asyncio.Event)
-    fetcher: asyncio.Task[None] | None = None
-
-    @property
-    def private(self) -> bool:
-        return self.name is None
+    def behind(self, mark: int) -> bool:
+        return self.cursor < mark
 
 
 class EventLog:
@@ -198,13 +166,13 @@ class EventLog:
                     claimed.extend((event_id, 1, body) for event_id, body in fresh)
         return claimed, cursor, dropped
 
-    def settle(self, conn: sqlite3.Connection, acks: deque[_Ack]) -> None:
+    def settle(self, conn: sqlite3.Connection, acks: deque[Outcome]) -> None:
         """Write queued acknowledgements and failed attempts, up to 1000 at once."""
         if acks:
             with write(conn):
                 self._write_acks(conn, acks, 1000)
 
-    def _write_acks(self, conn: sqlite3.Connection, acks: deque[_Ack], most: int) -> None:
+    def _write_acks(self, conn: sqlite3.Connection, acks: deque[Outcome], most: int) -> None:
         """Inside a write transaction: up to ``most`` queued outcomes, oldest first.
 
         Each names the delivery it settles (consumer and attempt), so one that a
@@ -226,7 +194,7 @@ class EventLog:
         held: list[tuple[int, int, int]],
         gids: list[int],
         prune: bool,
-        acks: deque[_Ack],
+        acks: deque[Outcome],
     ) -> list[tuple[int, int, int]]:
         """Keep this consumer's claims (group, event, attempt) and groups alive; prune if asked.
 
@@ -249,7 +217,7 @@ class EventLog:
         return lost
 
     def reclaim(
-        self, conn: sqlite3.Connection, topic: bytes, name: bytes, acks: deque[_Ack]
+        self, conn: sqlite3.Connection, topic: bytes, name: bytes, acks: deque[Outcome]
     ) -> list[tuple[int, int, str]]:
         """Make every taken claim of a named group visible now; the claims as they were.
 
@@ -296,7 +264,7 @@ class EventLog:
         return value
 
 
-class SqliteEvents(PubSub, Connected):
+class SqliteEvents(ClaimedEvents[_Group], Connected):
     """Pub/sub on the event log: the event-loop side.
 
     Each local group has a fetch loop that claims events in batches (woken by
@@ -309,13 +277,14 @@ class SqliteEvents(PubSub, Connected):
     :class:`SqlitePubSub` for their guarantees).
     """
 
+    _task_prefix = "tenure-sqlite"
+    _logger = logger
+
     def _init_events(self, consumer: str, alive_for: float) -> None:
+        self._init_claimed(self._opts, consumer)
         self._log = EventLog(self._opts, consumer, alive_for)
-        self._topics: dict[str, dict[str | Callback, _Group]] = {}
         # The newest event id seen; change detection looks for events after it.
         self._last_event_id: int | None = None
-        self._maintenance_task: asyncio.Task[None] | None = None
-        self._acks: deque[_Ack] = deque()
         self._acks_running = False
         self._acks_idle = asyncio.Event()
         self._acks_idle.set()
@@ -323,10 +292,12 @@ class SqliteEvents(PubSub, Connected):
     def _new_events(self, topics: list[tuple[bytes, int]]) -> None:
         """Change detection found events (topic, newest id) committed elsewhere."""
         for topic_b, max_id in topics:
-            for group in self._topics.get(topic_b.decode(), {}).values():
-                group.wake.set()
+            self._wake(topic_b.decode())
             if self._last_event_id is None or max_id > self._last_event_id:
                 self._last_event_id = max_id
+
+    def _subscriptions_changed(self) -> None:
+        self._update_polling()
 
     # -- the contract -----------------------------------------------------------------
 
@@ -348,97 +319,26 @@ class SqliteEvents(PubSub, Connected):
         )
         if first is not None:
             return Event.from_json(first)
-        for group in self._topics.get(topic, {}).values():
-            group.wake.set()
+        self._wake(topic)
         return event
 
-    async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
-        """Deliver events published on ``topic`` from now on to ``callback``.
-
-        With ``group``, join that durable group (created at the log's current end
-        if it does not exist yet, in any process); members compete for its events.
-        """
-        check_name(topic, "topic")
-        check_callback(callback)
-        check_group(group)
-        self._check_open()
-        groups, slot = join_slot(self._topics, topic, callback, group)
-        target = groups.get(slot)
-        loop = asyncio.get_running_loop()
-        if target is None:
-            try:
-                if self._last_event_id is None:
-                    self._last_event_id = await self._run(self._log.last_event)
-                gid, cursor = await self._run(
-                    self._log.join, topic.encode(), None if group is None else group.encode()
-                )
-            except BaseException:
-                if not groups:
-                    del self._topics[topic]
-                raise
-            target = groups.get(slot)  # another subscribe may have won while we waited
-            if target is None:
-                target = groups[slot] = _Group(topic, group, gid, cursor)
-                target.fetcher = loop.create_task(
-                    self._fetch_loop(target), name=f"tenure-sqlite-fetch-{topic}"
-                )
-            elif group is None:  # the same callback subscribed twice at once
-                await self._run(self._log.leave, gid, True, [])
-                raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
-        if callback in target.workers:
-            raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
-        target.workers[callback] = loop.create_task(
-            self._deliver(target, callback), name=f"tenure-sqlite-{topic}"
+    async def _join(self, topic: str, group: str | None) -> _Group:
+        # Change detection looks for events after the newest one at the first subscribe.
+        if self._last_event_id is None:
+            self._last_event_id = await self._run(self._log.last_event)
+        gid, cursor = await self._run(
+            self._log.join, topic.encode(), None if group is None else group.encode()
         )
-        target.wake.set()
-        self._update_polling()
-        if self._maintenance_task is None or self._maintenance_task.done():
-            self._maintenance_task = loop.create_task(
-                self._maintain(), name="tenure-sqlite-maintenance"
-            )
+        return _Group(topic, group, gid, cursor=cursor)
 
-    async def unsubscribe(self, topic: str, callback: Callback) -> None:
-        check_name(topic, "topic")
-        self._check_open()
-        groups = self._topics.get(topic, {})
-        for slot, target in await remove_member(groups, callback):
-            del groups[slot]
-            await self._leave(target)
-        if not groups:
-            self._topics.pop(topic, None)
-        self._update_polling()
+    async def _drop(self, target: _Group) -> None:
+        await self._run(self._log.leave, target.gid, True, [])
 
-    async def reclaim(self, topic: str, group: str) -> int:
-        """Give every event a member of ``group`` took and has not acknowledged back to the group now.
+    async def _reclaim(self, topic: bytes, name: bytes) -> Sequence[tuple[int, int, object]]:
+        return await self._run(self._log.reclaim, topic, name, self._outcomes)
 
-        Returns how many (0 if the topic or group does not exist). Members fetch
-        them before any newer event, oldest first, each as one more attempt.
-        """
-        check_name(topic, "topic")
-        check_name(group, "group")
-        self._check_open()
-        taken = await self._run(self._log.reclaim, topic.encode(), group.encode(), self._acks)
-        target = self._topics.get(topic, {}).get(group)
-        if target is not None:
-            for event_id, attempt, consumer in taken:
-                if consumer == self._log.consumer and target.held.get(event_id) == attempt:
-                    del target.held[event_id]
-            target.wake.set()
-        return len(taken)
-
-    async def backlog(self, prefix: str, group: str) -> list[str]:
-        """The topics starting with ``prefix`` whose ``group`` has events not yet acknowledged."""
-        if not isinstance(prefix, str):
-            raise InvalidArgument(f"prefix must be a str, got {type(prefix).__name__}")
-        check_name(group, "group")
-        self._check_open()
-        try:
-            low = prefix.encode()
-        except UnicodeEncodeError:
-            raise InvalidArgument("prefix must be encodable as UTF-8") from None
-        # Every UTF-8 text that starts with low sorts before this bound, and no other.
-        high = low[:-1] + bytes([low[-1] + 1]) if low else _PAST_ALL
-        topics = await self._run(self._log.backlog, group.encode(), low, high)
+    async def _backlog(self, name: bytes, low: bytes, high: bytes) -> list[str]:
+        topics = await self._run(self._log.backlog, name, low, high)
         return [t.decode() for t in topics]
 
     async def flush(self) -> None:
@@ -455,31 +355,18 @@ class SqliteEvents(PubSub, Connected):
         written shortly after, in batches.
         """
         self._check_open()
-        groups = [g for gs in self._topics.values() for g in gs.values()]
+        groups = self._groups()
         if not groups:
             return
         tops = await self._run(self._log.topic_tops, [t.encode() for t in self._topics])
         for group in groups:
-            top = tops.get(group.topic.encode(), 0)
-            while group.cursor < top and group.fetcher is not None and not group.fetcher.done():
-                group.progress.clear()
-                group.wake.set()
-                await group.progress.wait()
-            if group.workers:
-                await group.queue.join()
+            await group.catch_up(tops.get(group.topic.encode(), 0))
 
-    # -- claiming and delivering ------------------------------------------------------
+    # -- claiming ---------------------------------------------------------------------
 
     async def _leave(self, target: _Group) -> None:
-        if target.fetcher is not None:
-            target.fetcher.cancel()
-            await asyncio.gather(target.fetcher, return_exceptions=True)
-        unfinished: list[tuple[int, int]] = []
-        while not target.queue.empty():
-            event_id, event = target.queue.get_nowait()
-            if target.held.get(event_id) == event.attempt:
-                unfinished.append((event_id, event.attempt))
-        await self._run(self._log.leave, target.gid, target.private, unfinished)
+        await target.stop_fetching()
+        await self._run(self._log.leave, target.gid, target.private, target.unfinished())
 
     async def _fetch_loop(self, group: _Group) -> None:
         topic = group.topic.encode()
@@ -494,7 +381,7 @@ class SqliteEvents(PubSub, Connected):
                 # Queue what it claimed, so that leaving hands it back instead of
                 # stranding it until visibility_timeout.
                 with contextlib.suppress(Exception):
-                    self._queue_claimed(group, (await job)[0])
+                    group.queue_claimed((await job)[0])
                 raise
             except _Gone:
                 logger.warning(
@@ -518,93 +405,30 @@ class SqliteEvents(PubSub, Connected):
                 continue
             group.cursor = max(group.cursor, cursor)
             for event_id, attempts in dropped:
-                logger.error(
-                    "event %d of topic %r was delivered %d times without being acknowledged "
-                    "(its subscribers died or raised); dropping it",
-                    event_id,
-                    group.topic,
-                    attempts,
-                )
-            self._queue_claimed(group, claimed)
+                self._dropped(group, event_id, attempts)
+            group.queue_claimed(claimed)
             group.progress.set()
             if len(claimed) >= _BATCH:
                 await group.queue.join()
                 group.wake.set()
 
-    @staticmethod
-    def _queue_claimed(group: _Group, claimed: list[tuple[int, int, str]]) -> None:
-        for event_id, attempt, body in claimed:
-            group.held[event_id] = attempt
-            group.queue.put_nowait((event_id, Event.from_json(body, attempt)))
+    # -- outcomes, in batches, and upkeep ---------------------------------------------
 
-    async def _deliver(self, group: _Group, callback: Callback) -> None:
-        queue_ = group.queue
-        max_attempts = self._opts.max_attempts
-        held = group.held
-        while True:
-            event_id, event = await queue_.get()
-            if held.get(event_id) != event.attempt:
-                queue_.task_done()  # reclaimed or taken by another member meanwhile
-                continue
-            try:
-                await callback(event)
-            except asyncio.CancelledError:
-                # Unsubscribed mid-delivery: hand the event to another member.
-                queue_.put_nowait((event_id, event))
-                raise
-            except Exception:
-                if held.get(event_id) != event.attempt:
-                    pass  # reclaimed while it ran: no longer ours to retry or drop
-                elif event.attempt < max_attempts:
-                    logger.warning(
-                        "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
-                        group.topic,
-                        event.id,
-                        event.attempt,
-                        max_attempts,
-                        exc_info=True,
-                    )
-                    self._settle(group.gid, event_id, event.attempt, failed=True)
-                    held[event_id] = event.attempt + 1
-                    queue_.put_nowait((event_id, replace(event, attempt=event.attempt + 1)))
-                else:
-                    logger.error(
-                        "callback for topic %r raised on event %s %d times; dropping it",
-                        group.topic,
-                        event.id,
-                        event.attempt,
-                        exc_info=True,
-                    )
-                    del held[event_id]
-                    self._settle(group.gid, event_id, event.attempt)
-            else:
-                if held.get(event_id) == event.attempt:
-                    del held[event_id]
-                # Written even when reclaimed meanwhile: it then changes nothing.
-                self._settle(group.gid, event_id, event.attempt)
-            finally:
-                queue_.task_done()
-
-    def _settle(self, gid: int, event_id: int, attempt: int, *, failed: bool = False) -> None:
-        """Queue the outcome of delivery ``attempt``: acknowledged, or failed; written in batches."""
-        self._acks.append((gid, event_id, attempt, failed))
+    def _write_outcomes(self) -> None:
         if not self._acks_running:
-            self._start_settling()
-
-    def _start_settling(self) -> None:
-        self._acks_running = True
-        self._acks_idle.clear()
-        self._run(self._log.settle, self._acks).add_done_callback(self._settled)
+            self._acks_running = True
+            self._acks_idle.clear()
+            self._run(self._log.settle, self._outcomes).add_done_callback(self._settled)
 
     def _settled(self, fut: asyncio.Future[None]) -> None:
         self._acks_running = False
         if not fut.cancelled() and fut.exception() is not None:
             # The claims stay pending and are redelivered after visibility_timeout.
             logger.warning("cannot write acknowledgements to %s: %s", self._file, fut.exception())
-            self._acks.clear()
+            self._outcomes.clear()
         thread = self._worker.thread
-        if self._acks and thread is not None and thread.is_alive():
-            self._start_settling()
+        if self._outcomes and thread is not None and thread.is_alive():
+            self._write_outcomes()
         else:
             self._acks_idle.set()
 
@@ -616,7 +440,7 @@ class SqliteEvents(PubSub, Connected):
         next_prune = time.monotonic() + self._opts.prune_interval
         while self._topics:
             await asyncio.sleep(tick)
-            groups = [g for gs in self._topics.values() for g in gs.values()]
+            groups = self._groups()
             for group in groups:
                 group.wake.set()
             now = time.monotonic()
@@ -631,30 +455,14 @@ class SqliteEvents(PubSub, Connected):
                         [(g.gid, e, a) for g in groups for e, a in g.held.items()],
                         [g.gid for g in groups],
                         prune,
-                        self._acks,
+                        self._outcomes,
                     )
                 except BackendUnavailable as exc:
                     logger.warning("cannot extend claims in %s: %s", self._file, exc)
                     continue
-                by_gid = {g.gid: g for g in groups}
-                for gid, event_id, attempt in lost:
-                    owner = by_gid.get(gid)
-                    if owner is not None and owner.held.get(event_id) == attempt:
-                        del owner.held[event_id]
+                self._forget(groups, lost)
 
     # -- closing ----------------------------------------------------------------------
-
-    async def _stop_events(self) -> list[_Group]:
-        """Stop the maintenance task and every delivery worker; the groups they served."""
-        groups = [g for gs in self._topics.values() for g in gs.values()]
-        self._topics.clear()
-        tasks = [t for g in groups for t in g.workers.values()]
-        if self._maintenance_task is not None:
-            tasks.append(self._maintenance_task)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        return groups
 
     async def _hand_back(self, groups: list[_Group]) -> None:
         """Leave ``groups`` (handing back their claims) and write the last acknowledgements."""
