@@ -38,6 +38,7 @@ from .._waiters import KeyWaiters
 __all__ = [
     "EXTEND",
     "GRANT",
+    "LEASE_CAPABILITIES",
     "PAGE",
     "REFUSE",
     "LeaseCore",
@@ -46,6 +47,9 @@ __all__ = [
     "prefix_range",
 ]
 
+#: What each of tenure's own lease backends declares for its leases: every lease
+#: extension, and the operator methods.
+LEASE_CAPABILITIES = Capability.LEASES | Capability.OPERATIONS
 #: How many leases a scan reads at a time.
 PAGE = 500
 # Above every stored key: keys are UTF-8 (never a 0xFF byte) of at most 1024 bytes.

@@ -32,7 +32,7 @@ from .._pubsub import (
     remove_member,
 )
 from .._validate import check_name
-from ._core import EXTEND, PAGE, REFUSE, LeaseCore, acquire_step, holds
+from ._core import EXTEND, LEASE_CAPABILITIES, PAGE, REFUSE, LeaseCore, acquire_step, holds
 
 __all__ = ["MemoryPubSub"]
 
@@ -298,8 +298,7 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
     """
 
     capabilities = (
-        Capability.LEASES
-        | Capability.OPERATIONS
+        LEASE_CAPABILITIES
         | Capability.EVENTS
         | Capability.DEDUPE
         | Capability.RECLAIM

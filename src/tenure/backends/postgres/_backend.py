@@ -150,18 +150,7 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
     ``prune_interval``, ``retention``, ``dedupe_window``.
     """
 
-    capabilities = (
-        Capability.RECORD
-        | Capability.RENEW_MANY
-        | Capability.RELEASE_WAKEUPS
-        | Capability.ATOMIC_TRANSFER
-        | Capability.OPERATIONS
-        | Capability.EVENTS
-        | Capability.DURABLE_GROUPS
-        | Capability.DEDUPE
-        | Capability.RECLAIM
-        | Capability.BACKLOG
-    )
+    capabilities = PostgresLeaseProvider.capabilities | Capability.RUNTIME_LOG
     _url_options: ClassVar[dict[str, tuple[str, Callable[[str], Any]]]] = {
         **_URL_OPTIONS,
         **_EVENT_OPTIONS,

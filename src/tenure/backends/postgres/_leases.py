@@ -11,11 +11,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from psycopg_pool import AsyncConnectionPool
 
-from ..._contract import AcquireResult, Capability, LeaseRecord
+from ..._contract import AcquireResult, LeaseRecord
 from ..._doctor import Finding
 from ..._errors import ConfigurationError
 from ..._url import parse_query, to_bool, to_int, to_seconds
-from .._core import PAGE, LeaseCore, prefix_range
+from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore, prefix_range
 from ._connection import PgConnection
 
 __all__ = ["PostgresLeaseProvider"]
@@ -143,13 +143,7 @@ class PostgresLeaseProvider(LeaseCore):
     safe to retry). Messages never show the password; neither does ``repr``.
     """
 
-    capabilities = (
-        Capability.RECORD
-        | Capability.RENEW_MANY
-        | Capability.RELEASE_WAKEUPS
-        | Capability.ATOMIC_TRANSFER
-        | Capability.OPERATIONS
-    )
+    capabilities = LEASE_CAPABILITIES
     # The URL query options and keywords from_url accepts (a subclass adds its own).
     _url_options: ClassVar[dict[str, tuple[str, Callable[[str], Any]]]] = _URL_OPTIONS
     _kwargs: ClassVar[frozenset[str]] = _KWARGS

@@ -13,9 +13,9 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-from ..._contract import AcquireResult, Capability, LeaseRecord
+from ..._contract import AcquireResult, LeaseRecord
 from ..._doctor import Finding
-from .._core import PAGE, LeaseCore
+from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore
 from ._connection import RedisParts, _tag, load_script
 
 __all__ = ["RedisLeases"]
@@ -63,13 +63,7 @@ class RedisLeases(RedisParts, LeaseCore):
     :class:`~tenure.backends.redis.RedisStreamsPubSub` docstring.
     """
 
-    capabilities = (
-        Capability.RECORD
-        | Capability.RENEW_MANY
-        | Capability.RELEASE_WAKEUPS
-        | Capability.ATOMIC_TRANSFER
-        | Capability.OPERATIONS
-    )
+    capabilities = LEASE_CAPABILITIES
 
     def _setup_leases(self, *, quarantine_ms: int) -> None:
         self._channel = self._p + _RELEASED_CHANNEL

@@ -48,13 +48,7 @@ class RedisStreams(StreamReader, PubSub):
     """Durable pub/sub on Redis Streams; the guarantees are in the
     :class:`~tenure.backends.redis.RedisStreamsPubSub` docstring."""
 
-    capabilities = (
-        Capability.EVENTS
-        | Capability.DURABLE_GROUPS
-        | Capability.DEDUPE
-        | Capability.RECLAIM
-        | Capability.BACKLOG
-    )
+    capabilities = Capability.RUNTIME_LOG
 
     # From the lease core, with which the backend combines this half.
     _closed: bool

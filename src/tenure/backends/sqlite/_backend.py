@@ -19,6 +19,7 @@ from ..._contract import Capability
 from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError
 from ..._url import parse_query, redact_url
+from .._core import LEASE_CAPABILITIES
 from ._connection import CHUNK, SYNCHRONOUS, Options, Worker, in_list, load_sql
 from ._events import SqliteEvents
 from ._leases import SqliteLeases, encode_many
@@ -228,18 +229,7 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     may drop the events kept for deduplication before ``dedupe_window``.
     """
 
-    capabilities = (
-        Capability.RECORD
-        | Capability.RENEW_MANY
-        | Capability.RELEASE_WAKEUPS
-        | Capability.ATOMIC_TRANSFER
-        | Capability.OPERATIONS
-        | Capability.EVENTS
-        | Capability.DURABLE_GROUPS
-        | Capability.DEDUPE
-        | Capability.RECLAIM
-        | Capability.BACKLOG
-    )
+    capabilities = LEASE_CAPABILITIES | Capability.RUNTIME_LOG
 
     def __init__(
         self,
