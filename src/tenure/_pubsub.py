@@ -23,6 +23,7 @@ __all__ = [
     "check_backlog",
     "check_callback",
     "check_group",
+    "check_publish",
     "check_subscribe",
     "join_slot",
     "prepare_event",
@@ -145,6 +146,13 @@ def check_callback(callback: Any) -> Callback:
 
 def check_group(group: Any) -> str | None:
     return None if group is None else check_name(group, "group")
+
+
+def check_publish(topic: Any, event: Any) -> tuple[Event, bool]:
+    """The arguments of ``publish``: the event to store (:func:`prepare_event`), and
+    whether its ``id`` is the caller's (a publish with a kept id stores nothing)."""
+    check_name(topic, "topic")
+    return prepare_event(event), isinstance(event, Event) and bool(event.id)
 
 
 def check_subscribe(topic: Any, callback: Any, group: Any) -> None:

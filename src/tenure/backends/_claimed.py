@@ -28,6 +28,7 @@ from .._pubsub import (
     Event,
     PubSub,
     check_backlog,
+    check_publish,
     check_subscribe,
     join_slot,
     remove_member,
@@ -150,6 +151,11 @@ class ClaimedEvents(PubSub, Generic[_G]):
     # -- what each backend supplies ---------------------------------------------------
 
     @abc.abstractmethod
+    async def _append(self, topic: str, event: Event, given: bool) -> str | None:
+        """Store ``event`` (deduplicated when its id is ``given``); the first one's body
+        instead when an event with that id is kept, else ``None``."""
+
+    @abc.abstractmethod
     async def _join(self, topic: str, group: str | None) -> _G:
         """Join (creating it if needed) the group in the store; its local view, not yet fetching."""
 
@@ -185,6 +191,21 @@ class ClaimedEvents(PubSub, Generic[_G]):
         """Called after a subscribe or an unsubscribe."""
 
     # -- the contract -----------------------------------------------------------------
+
+    async def publish(self, topic: str, event: Event) -> Event:
+        """Store ``event`` for every consumer group of ``topic``; nothing without a group.
+
+        If the caller set ``event.id`` and an event with that id is kept for
+        ``topic`` (see ``dedupe_window``), nothing is stored and that first
+        event is returned.
+        """
+        event, given = check_publish(topic, event)
+        self._check_open()
+        first = await self._append(topic, event, given)
+        if first is not None:
+            return Event.from_json(first)
+        self._wake(topic)
+        return event
 
     async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
         """Deliver events published on ``topic`` from now on to ``callback``.

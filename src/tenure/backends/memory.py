@@ -25,10 +25,10 @@ from .._pubsub import (
     Callback,
     Event,
     PubSub,
-    check_callback,
-    check_group,
+    check_backlog,
+    check_publish,
+    check_subscribe,
     join_slot,
-    prepare_event,
     remove_member,
 )
 from .._validate import check_name
@@ -114,9 +114,7 @@ class _Events(abc.ABC):
     def _check_open(self) -> None: ...
 
     async def publish(self, topic: str, event: Event) -> Event:
-        check_name(topic, "topic")
-        given = isinstance(event, Event) and event.id is not None
-        event = prepare_event(event)
+        event, given = check_publish(topic, event)
         self._check_open()
         assert event.id is not None
         recent = self._recent.setdefault(topic, OrderedDict())
@@ -137,9 +135,7 @@ class _Events(abc.ABC):
             target.changed.notify_all()
 
     async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
-        check_name(topic, "topic")
-        check_callback(callback)
-        check_group(group)
+        check_subscribe(topic, callback, group)
         self._check_open()
         groups, slot = join_slot(self._topics, topic, callback, group)
         target = groups.get(slot)
@@ -189,9 +185,7 @@ class _Events(abc.ABC):
 
     async def backlog(self, prefix: str, group: str) -> list[str]:
         """The topics starting with ``prefix`` whose ``group`` has events not yet acknowledged."""
-        if not isinstance(prefix, str):
-            raise InvalidArgument(f"prefix must be a str, got {type(prefix).__name__}")
-        check_name(group, "group")
+        check_backlog(prefix, group)
         self._check_open()
         return [
             topic

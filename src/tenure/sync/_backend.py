@@ -6,11 +6,11 @@ import asyncio
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from types import TracebackType
-from typing import Any, Self, cast
+from typing import Any, cast
 
 from .._contract import AcquireResult, Backend, Capability, LeaseRecord, capabilities_of
 from .._errors import BackendClosed, ConfigurationError
+from .._lifecycle import Closeable
 from .._pubsub import Event, check_callback
 from .._url import default_url, redact_url
 from .._url import from_url as async_from_url
@@ -26,7 +26,7 @@ SyncCallback = Callable[[Event], Any]
 _SUPPORTED = Capability.LEASES | Capability.RUNTIME_LOG | Capability.OPERATIONS
 
 
-class SyncBackend:
+class SyncBackend(Closeable):
     """A backend of :func:`tenure.from_url`, with blocking methods.
 
     Each method runs the async backend's method on tenure's loop thread and
@@ -201,17 +201,6 @@ class SyncBackend:
         inner = self._inner
         if inner is not None:
             call(inner.aclose)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 import os
-from types import TracebackType
 from typing import Any, Self
 
 from .._errors import TenureError
+from .._lifecycle import Closeable
 from ..runtime import SendResult, ThreadRuntime
 from ..runtime._runtime import Handler
 from ._backend import SyncBackend
@@ -17,7 +17,7 @@ from ._portal import call
 __all__ = ["SyncThreadRuntime"]
 
 
-class SyncThreadRuntime:
+class SyncThreadRuntime(Closeable):
     """A :class:`tenure.ThreadRuntime` on tenure's loop thread, driven from blocking code.
 
     ``handler`` is the runtime's usual ``async def handler(run)``; it runs on the
@@ -71,11 +71,3 @@ class SyncThreadRuntime:
     def __enter__(self) -> Self:
         self.start()
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._errors import BackendUnavailable, InvalidArgument
-from ..._pubsub import Callback, Event, prepare_event
-from ..._validate import check_name
+from ..._pubsub import Callback, Event
 from .._claimed import ClaimedEvents, ClaimGroup, EventOptions, Outcome
 from ._connection import PgConnection
 
@@ -101,17 +100,8 @@ class PostgresEvents(ClaimedEvents[_Group]):
 
     # -- the contract -----------------------------------------------------------------
 
-    async def publish(self, topic: str, event: Event) -> Event:
-        """Store ``event`` with one claim per consumer group of ``topic``; nothing without a group.
-
-        If the caller set ``event.id`` and an event with that id is kept for
-        ``topic`` (see ``dedupe_window``), nothing is stored and that first
-        event is returned.
-        """
-        check_name(topic, "topic")
-        given = isinstance(event, Event) and bool(event.id)
-        event = prepare_event(event)
-        self._check_open()
+    async def _append(self, topic: str, event: Event, given: bool) -> str | None:
+        # One statement: the event and one claim per consumer group of the topic.
         source: bytes | None = None
         if given:
             assert event.id is not None
@@ -131,19 +121,17 @@ class PostgresEvents(ClaimedEvents[_Group]):
         # attempt, if it was stored, is found and returned.
         rows = await self._sql("publish", self._q_publish, params, retry=given)
         stored, first, _ = rows[0]
-        if stored is None and source is not None:
-            if first is None:
-                # A concurrent publish of the same id committed after this
-                # statement's snapshot; or the topic has no group.
-                found = await self._sql(
-                    "publish", self._q_first, {"topic": topic_b, "source": source}, retry=True
-                )
-                first = found[0][0] if found else None
-            if first is not None:
-                return Event.from_json(first)
-        if stored is not None:
-            self._wake(topic)
-        return event
+        body: str | None = first
+        if stored is not None or source is None:
+            return None
+        if body is None:
+            # A concurrent publish of the same id committed after this
+            # statement's snapshot; or the topic has no group.
+            found = await self._sql(
+                "publish", self._q_first, {"topic": topic_b, "source": source}, retry=True
+            )
+            body = found[0][0] if found else None
+        return body
 
     async def _join(self, topic: str, group: str | None) -> _Group:
         return _Group(topic, group, await self._group_id(topic, group))

@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 
 from ..._contract import Capability
 from ..._errors import BackendUnavailable, InvalidArgument
-from ..._pubsub import Callback, Event, PubSub, check_callback, check_group, prepare_event
+from ..._pubsub import Callback, Event, PubSub, check_backlog, check_publish, check_subscribe
 from ..._validate import check_name
 from ._connection import _tag, load_script
 from ._reading import _RETURNED, _RETURNED_IDLE_MS, StreamReader, _Sub
@@ -88,9 +88,7 @@ class RedisStreams(StreamReader, PubSub):
     async def publish(self, topic: str, event: Event) -> Event:
         """Store ``event`` on ``topic``; with a caller-given ``id``, at most once
         per ``dedupe_window_ms`` (a retry returns the first event, stores nothing)."""
-        check_name(topic, "topic")
-        given = isinstance(event, Event) and bool(event.id)
-        event = prepare_event(event)
+        event, given = check_publish(topic, event)
         self._check_open()
         assert event.id is not None
         stream = self._stream_key(topic)
@@ -152,9 +150,7 @@ class RedisStreams(StreamReader, PubSub):
         matching prefix last found them drained) and m the matching ones: idle
         topics cost nothing once a call has seen them drained.
         """
-        if not isinstance(prefix, str):
-            raise InvalidArgument(f"prefix must be a str, got {type(prefix).__name__}")
-        check_name(group, "group")
+        check_backlog(prefix, group)
         self._check_open()
         index = self._index_key(group)
         members = await self._io(self._client.smembers, index)
@@ -179,9 +175,7 @@ class RedisStreams(StreamReader, PubSub):
         stream: events published after this returns are delivered. An
         existing group continues where it was.
         """
-        check_name(topic, "topic")
-        check_callback(callback)
-        check_group(group)
+        check_subscribe(topic, callback, group)
         self._check_open()
         subs = self._subs.setdefault(topic, {})
         if callback in subs:

@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..._errors import BackendUnavailable
-from ..._pubsub import Event, prepare_event
-from ..._validate import check_name
+from ..._pubsub import Event
 from .._claimed import ClaimedEvents, ClaimGroup, Outcome
 from ._connection import Connected, Options, load_sql, write
 
@@ -301,26 +300,12 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
 
     # -- the contract -----------------------------------------------------------------
 
-    async def publish(self, topic: str, event: Event) -> Event:
-        """Append ``event`` to the log; stored only if ``topic`` has a consumer group.
-
-        If the caller set ``event.id`` and an event with that id is kept for
-        ``topic`` (see ``dedupe_window``), nothing is stored and that first
-        event is returned.
-        """
-        check_name(topic, "topic")
-        given = isinstance(event, Event) and bool(event.id)
-        event = prepare_event(event)
-        self._check_open()
+    async def _append(self, topic: str, event: Event, given: bool) -> str | None:
         assert event.created_at is not None
         source = event.id if given else None
-        first = await self._run(
+        return await self._run(
             self._log.publish, topic.encode(), event.to_json(), event.created_at, source
         )
-        if first is not None:
-            return Event.from_json(first)
-        self._wake(topic)
-        return event
 
     async def _join(self, topic: str, group: str | None) -> _Group:
         # Change detection looks for events after the newest one at the first subscribe.
