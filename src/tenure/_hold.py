@@ -299,24 +299,10 @@ class _State:
             )
 
 
-class HeldLease:
-    """A lease this process holds and renews in the background (see :func:`hold`).
+class _LeaseView:
+    """What a held lease, async or blocking, tells of itself: read from its hold's state."""
 
-    ``token`` is the fencing token of the grant (``None`` from a provider
-    without tokens, like the no-op provider): pass it to every downstream
-    write so a store can reject a stale owner (see :mod:`tenure.fencing`).
-
-    ``lost`` is set as soon as the lease is considered lost: the backend
-    refused a renewal, or no renewal succeeded before the renew deadline
-    (shorter than the TTL, so the holder gives up before anyone else can be
-    granted the key). Once lost, a lease stays lost and is not renewed again.
-
-    Drop a lease only after :meth:`release` or a successful :meth:`transfer_to`:
-    a lease collected while still held emits a ``ResourceWarning`` and is
-    released in the background.
-    """
-
-    __slots__ = ("__weakref__", "_s")
+    __slots__ = ("_s",)
 
     def __init__(self, state: _State) -> None:
         self._s = state
@@ -338,13 +324,33 @@ class HeldLease:
         return self._s.renewer.ttl_ms
 
     @property
+    def lost_reason(self) -> str | None:
+        return self._s.reason
+
+
+class HeldLease(_LeaseView):
+    """A lease this process holds and renews in the background (see :func:`hold`).
+
+    ``token`` is the fencing token of the grant (``None`` from a provider
+    without tokens, like the no-op provider): pass it to every downstream
+    write so a store can reject a stale owner (see :mod:`tenure.fencing`).
+
+    ``lost`` is set as soon as the lease is considered lost: the backend
+    refused a renewal, or no renewal succeeded before the renew deadline
+    (shorter than the TTL, so the holder gives up before anyone else can be
+    granted the key). Once lost, a lease stays lost and is not renewed again.
+
+    Drop a lease only after :meth:`release` or a successful :meth:`transfer_to`:
+    a lease collected while still held emits a ``ResourceWarning`` and is
+    released in the background.
+    """
+
+    __slots__ = ("__weakref__",)
+
+    @property
     def lost(self) -> asyncio.Event:
         """Set when the lease is lost (never for a lease that was released or transferred)."""
         return self._s.lost
-
-    @property
-    def lost_reason(self) -> str | None:
-        return self._s.reason
 
     @property
     def held(self) -> bool:

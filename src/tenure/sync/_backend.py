@@ -118,14 +118,18 @@ class SyncBackend(Closeable):
 
     # -- operations ----------------------------------------------------------------
 
-    def _operations(self) -> Any:
+    def _declaring(self, capability: Capability, cannot: str) -> Any:
+        """The async backend, or ``ConfigurationError`` if it does not declare ``capability``."""
         inner = self._inner or self._build()
-        if Capability.OPERATIONS not in self.capabilities:
+        if capability not in self.capabilities:
             raise ConfigurationError(
-                f"{type(inner).__name__} cannot list or revoke leases "
-                "(it does not declare Capability.OPERATIONS)"
+                f"{type(inner).__name__} cannot {cannot} "
+                f"(it does not declare Capability.{capability.name})"
             )
         return inner
+
+    def _operations(self) -> Any:
+        return self._declaring(Capability.OPERATIONS, "list or revoke leases")
 
     def scan_leases(
         self, prefix: str = "", limit: int | None = None
@@ -148,13 +152,7 @@ class SyncBackend(Closeable):
     # -- events ------------------------------------------------------------------
 
     def _events(self) -> Any:
-        inner = self._inner or self._build()
-        if Capability.EVENTS not in self.capabilities:
-            raise ConfigurationError(
-                f"{type(inner).__name__} cannot carry events "
-                "(it does not declare Capability.EVENTS)"
-            )
-        return inner
+        return self._declaring(Capability.EVENTS, "carry events")
 
     def publish(self, topic: str, event: Event) -> Event:
         return cast(Event, call(self._events().publish, topic, event))

@@ -25,7 +25,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from .._contract import AcquireResult
 from .._errors import InvalidArgument, LeaseLost, TenureError
-from .._hold import HeldLease, _Hold
+from .._hold import HeldLease, _Hold, _LeaseView
 from .._hold import acquire_wait as async_acquire_wait
 from .._hold import renew_many as async_renew_many
 from . import _portal
@@ -62,7 +62,7 @@ def _backend(backend: object) -> SyncBackend:
     return backend
 
 
-class SyncHeldLease:
+class SyncHeldLease(_LeaseView):
     """A lease held by :func:`hold`, renewed on tenure's loop thread while the body runs.
 
     ``token`` is the fencing token of the grant: pass it to every downstream
@@ -74,38 +74,19 @@ class SyncHeldLease:
     __slots__ = ("__weakref__", "_lease", "_lost", "_pid")
 
     def __init__(self, lease: HeldLease, lost: threading.Event) -> None:
+        super().__init__(lease._s)
         self._lease = lease
         self._lost = lost
         self._pid = os.getpid()
-
-    @property
-    def key(self) -> str:
-        return self._lease.key
-
-    @property
-    def owner(self) -> str:
-        return self._lease.owner
-
-    @property
-    def token(self) -> int | None:
-        return self._lease.token
-
-    @property
-    def ttl_ms(self) -> int:
-        return self._lease.ttl_ms
 
     @property
     def lost(self) -> threading.Event:
         """Set when the lease is lost (never for a lease that was released or transferred)."""
         return self._lost
 
-    @property
-    def lost_reason(self) -> str | None:
-        return self._lease.lost_reason
-
     def _failure(self) -> str | None:
         """Why the lease is not held now, or ``None`` while it is."""
-        s = self._lease._s
+        s = self._s
         if os.getpid() != self._pid:
             return "it belongs to the process that forked this one"
         if self._lost.is_set():
@@ -130,7 +111,7 @@ class SyncHeldLease:
         """Raise :class:`~tenure.LeaseLost` unless the lease is held (call it before acting)."""
         reason = self._failure()
         if reason is not None:
-            raise LeaseLost(self._lease.key, self._lease.owner, reason)
+            raise LeaseLost(self.key, self.owner, reason)
 
     def release(self) -> None:
         """Stop renewing and release the lease; idempotent (see :meth:`tenure.HeldLease.release`)."""
@@ -228,7 +209,7 @@ class _SyncHold:
         if self._reset is not None:
             _current.reset(self._reset)
             self._reset = None
-        s = lease._lease._s
+        s = lease._s
         lost = lease._failure() if not s.closed or self._lost.is_set() else None
         try:
             lease.release()
