@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from ._contract import AcquireResult, Backend, Capability, LeaseRecord, capabilities_of
+from ._lifecycle import AsyncCloseable
 
 __all__ = ["InstrumentedBackend", "instrument"]
 
@@ -124,7 +124,7 @@ _HISTOGRAMS = {
 }
 
 
-class InstrumentedBackend:
+class InstrumentedBackend(AsyncCloseable):
     """A backend whose lease calls each record a span, a duration and an outcome.
 
     Everything else (pub/sub, ``capabilities``, ...) is the wrapped backend's.
@@ -230,17 +230,6 @@ class InstrumentedBackend:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 def instrument(backend: Backend) -> InstrumentedBackend:

@@ -212,15 +212,21 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 "unsubscribe",
                 self._q_hand_back,
                 {
-                    "groups": [target.gid] * len(unfinished),
-                    "events": [e for e, _ in unfinished],
-                    "attempts": [a for _, a in unfinished],
-                    "consumer": self._consumer,
+                    **self._claims([(target.gid, e, a) for e, a in unfinished]),
                     "topic": target.topic.encode(),
                     "channel": self._conn.event_channel,
                 },
                 retry=True,
             )
+
+    def _claims(self, claims: Sequence[Sequence[int]]) -> dict[str, Any]:
+        """Claims (group id, event id, attempt, ...) of this consumer as a statement's arrays."""
+        return {
+            "groups": [c[0] for c in claims],
+            "events": [c[1] for c in claims],
+            "attempts": [c[2] for c in claims],
+            "consumer": self._consumer,
+        }
 
     async def _take(self, group: _Group) -> list[tuple[int, int, str]]:
         rows = await self._sql(
@@ -316,11 +322,8 @@ class PostgresEvents(ClaimedEvents[_Group]):
                         "acknowledge events",
                         self._q_settle,
                         {
-                            "groups": [o[0] for o in batch],
-                            "events": [o[1] for o in batch],
-                            "attempts": [o[2] for o in batch],
+                            **self._claims(batch),
                             "failed": [o[3] for o in batch],
-                            "consumer": self._consumer,
                             "visible": self._event_opts.visibility_timeout,
                         },
                         retry=True,
@@ -376,13 +379,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
             rows = await self._sql(
                 "extend claims",
                 self._q_extend,
-                {
-                    "groups": [h[0] for h in held],
-                    "events": [h[1] for h in held],
-                    "attempts": [h[2] for h in held],
-                    "consumer": self._consumer,
-                    "visible": self._event_opts.visibility_timeout,
-                },
+                {**self._claims(held), "visible": self._event_opts.visibility_timeout},
                 retry=True,
             )
             kept = {(int(g), int(e)) for g, e in rows}
