@@ -21,9 +21,7 @@ def schema(postgres_url: str) -> Iterator[str]:
 
 async def _view(url: str, schema: str) -> dict[str, tuple[str, int, int]]:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        cur = await conn.execute(
-            f'SELECT key, owner, token, ttl_ms FROM "{schema}".leases_live'
-        )
+        cur = await conn.execute(f'SELECT key, owner, token, ttl_ms FROM "{schema}".leases_live')
         return {key: (owner, token, ttl) for key, owner, token, ttl in await cur.fetchall()}
 
 
