@@ -327,6 +327,14 @@ class _LeaseView:
     def lost_reason(self) -> str | None:
         return self._s.reason
 
+    def _release_failed(self, log: logging.Logger, error: Exception) -> None:
+        log.warning(
+            "releasing lease %r failed; it expires in at most %d ms: %r",
+            self.key,
+            self.ttl_ms,
+            error,
+        )
+
 
 class HeldLease(_LeaseView):
     """A lease this process holds and renews in the background (see :func:`hold`).
@@ -554,12 +562,7 @@ class _Hold:
         try:
             await lease.release()
         except Exception as exc:
-            logger.warning(
-                "releasing lease %r failed; it expires in at most %d ms: %r",
-                lease.key,
-                lease.ttl_ms,
-                exc,
-            )
+            lease._release_failed(logger, exc)
 
 
 def hold(

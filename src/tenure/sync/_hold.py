@@ -214,12 +214,7 @@ class _SyncHold:
         try:
             lease.release()
         except Exception as error:
-            logger.warning(
-                "releasing lease %r failed; it expires in at most %d ms: %r",
-                lease.key,
-                lease.ttl_ms,
-                error,
-            )
+            lease._release_failed(logger, error)
         if exc_type is None and lost is not None:
             raise LeaseLost(lease.key, lease.owner, lost)
 
