@@ -1,10 +1,11 @@
 """The event half of the PostgreSQL backend: an event log, group claims, LISTEN wake-ups.
 
-:class:`PostgresEvents` is the event-loop side: a fetch loop per local group
-that takes claims in batches (woken by notifications, local publishes and a
-slow fallback poll), delivery workers, batched outcomes, heartbeats and
-pruning. Every statement is one file in ``sql/``; see :class:`PostgresPubSub`
-for the guarantees.
+:class:`PostgresEvents` is the event-loop side, on the client side both SQL
+backends share (:mod:`tenure.backends._claimed`: delivery, the outcome queue,
+subscriptions): a fetch loop per local group that takes claims in batches
+(woken by notifications, local publishes and a slow fallback poll), batched
+outcomes, heartbeats and pruning. Every statement is one file in ``sql/``; see
+:class:`PostgresPubSub` for the guarantees.
 """
 
 from __future__ import annotations

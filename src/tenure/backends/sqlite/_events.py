@@ -1,9 +1,10 @@
 """The event half of the SQLite backend: a durable log, group cursors and claims.
 
 :class:`EventLog` holds the jobs (SQL only, on the worker thread);
-:class:`SqliteEvents` the event-loop side: fetch loops that claim events for
-local groups, delivery workers, batched acknowledgements, heartbeats and
-pruning.
+:class:`SqliteEvents` the event-loop side, on the client side both SQL backends
+share (:mod:`tenure.backends._claimed`: delivery, the outcome queue,
+subscriptions): fetch loops that claim events for local groups, batched
+acknowledgements, heartbeats and pruning.
 """
 
 from __future__ import annotations
