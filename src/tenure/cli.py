@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -104,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         default=12.0,
         help="spread the signals over this many seconds (default 12)",
     )
-    demo.add_argument("--no-kill", action="store_true", help="do not kill a worker")
+    demo.add_argument("--no-kill", dest="kill", action="store_false", help="do not kill a worker")
     demo.add_argument("--keep", action="store_true", help="keep the evidence directory")
     run = commands.add_parser(
         "run",
@@ -272,16 +273,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:  # rich is the optional "demo" extra
         print(f"tenure demo needs {exc.name!r}: pip install 'tenure[demo]'", file=sys.stderr)
         return 2
-    return run_demo(
-        DemoSettings(
-            workers=args.workers,
-            threads=args.threads,
-            signals=args.signals,
-            seed=args.seed,
-            url=args.url,
-            ttl_ms=args.ttl_ms,
-            kill=not args.no_kill,
-            send_seconds=args.send_seconds,
-            keep=args.keep,
-        )
-    )
+    # Every demo option is named after the DemoSettings field it sets.
+    chosen = {f.name: getattr(args, f.name) for f in dataclasses.fields(DemoSettings)}
+    return run_demo(DemoSettings(**chosen))
