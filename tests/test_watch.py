@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pty
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import tenure
 from tenure._contract import LeaseRecord
 from tenure._watch import Seen, changes
+from tenure.testing import eventually
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 
@@ -118,3 +120,51 @@ async def test_the_command_shows_what_happens_to_leases(shared_url: str) -> None
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+@pytest.mark.asyncio
+async def test_on_a_terminal_the_leases_show_as_a_live_table(tmp_path: Path) -> None:
+    """Run under a pseudo-terminal: a table of the live leases with the recent
+    changes below it; a key that looks like rich markup is shown as it is."""
+    url = f"sqlite:///{tmp_path / 'leases.db'}"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
+    env["COLUMNS"] = "160"
+    controller, terminal = pty.openpty()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "tenure", "watch", "--url", url, "--interval", "0.1", "--count", "1"),
+        env=env,
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+    )
+    os.close(terminal)
+    seen = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # the terminal closed: the command ended
+                return
+            if not chunk:
+                return
+            seen.extend(chunk)
+
+    reader = asyncio.create_task(asyncio.to_thread(read))
+    try:
+        async with tenure.from_url(url) as backend:
+            await eventually(lambda: b"live lease" in seen, timeout=30)
+            await backend.acquire_lease("[bold]job[/bold]", "alice", 60_000)
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await asyncio.wait_for(reader, 10)
+        os.close(controller)
+    text = seen.decode(errors="replace")
+    assert "KEY" in text and "OWNER" in text and "1 live leases" in text  # the table
+    assert "[bold]job[/bold]" in text  # shown as written, not as markup
+    assert "granted" in text

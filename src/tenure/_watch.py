@@ -4,9 +4,10 @@ It scans the leases under a prefix every ``interval`` seconds and reports what
 changed since the last look: grants, transfers, releases (or revocations),
 expiries, and leases whose renewals stopped (their TTL ran below a third of
 the longest seen without being extended). One line per change, with the
-time; the scan works on every backend (``Capability.OPERATIONS``), and a
-change shorter than the interval can be missed (a grant and release between
-two looks), which the header says.
+time, or on a terminal with ``rich`` a live table of the leases with the
+recent changes below it. The scan works on every backend
+(``Capability.OPERATIONS``); a change shorter than the interval can be missed
+(a grant and release between two looks), which the header says.
 """
 
 from __future__ import annotations
@@ -101,29 +102,93 @@ def _stamp() -> str:
     return time.strftime("%H:%M:%S", time.localtime())
 
 
+class _Lines:
+    """Plain lines, one per change (piped output, or no ``rich``)."""
+
+    def __enter__(self) -> _Lines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    def show(self, leases: dict[str, LeaseRecord], found: list[Change]) -> None:
+        for change in found:
+            self.say(f"{_stamp()}  {change.kind:<11}  {change.key}  {change.text}")
+
+
+class _Live(_Lines):
+    """On a terminal with ``rich``: the live leases as a table, the recent changes below."""
+
+    _ROWS = 30
+    _RECENT = 10
+
+    def __init__(self) -> None:
+        from rich.live import Live
+
+        self._live = Live(auto_refresh=False)
+        self._recent: list[str] = []
+
+    def __enter__(self) -> _Live:
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._live.__exit__(None, None, None)
+
+    def say(self, text: str) -> None:
+        self._live.console.print(text, markup=False, highlight=False)
+
+    def show(self, leases: dict[str, LeaseRecord], found: list[Change]) -> None:
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text  # keys are shown as they are, never read as markup
+
+        self._recent += [f"{_stamp()}  {c.kind:<11}  {c.key}  {c.text}" for c in found]
+        self._recent = self._recent[-self._RECENT :]
+        table = Table("KEY", "OWNER", "TOKEN", "TTL", title=f"{len(leases)} live leases")
+        for key in sorted(leases)[: self._ROWS]:
+            record = leases[key]
+            table.add_row(
+                Text(key), Text(record.owner), str(record.token), f"{record.ttl_ms / 1000:.1f}s"
+            )
+        self._live.update(Group(table, *(Text(line) for line in self._recent)), refresh=True)
+
+
+def _screen() -> _Lines:
+    if sys.stdout.isatty():
+        try:
+            return _Live()
+        except ImportError:  # rich is the optional "demo" extra
+            pass
+    return _Lines()
+
+
 async def _looks(url: str, prefix: str, interval: float, most: int | None) -> None:
     async with from_url(url) as backend:
         if Capability.OPERATIONS not in capabilities_of(backend):
             raise ConfigurationError(f"{type(backend).__name__} cannot list leases")
-        print(
-            f"watching {redact_url(url)} under {prefix!r} every {interval:g} s "
-            "(a change shorter than that can be missed)",
-            flush=True,
-        )
-        now = {key: record async for key, record in backend.scan_leases(prefix)}
-        at = time.monotonic()
-        known = {key: Seen(record, at, record.ttl_ms) for key, record in now.items()}
-        print(f"{_stamp()}  {len(known)} live lease{'' if len(known) == 1 else 's'}", flush=True)
-        reported = 0
-        for tick in _ticks(interval):
-            await asyncio.sleep(max(0.0, tick - time.monotonic()))
+        with _screen() as screen:
+            screen.say(
+                f"watching {redact_url(url)} under {prefix!r} every {interval:g} s "
+                "(a change shorter than that can be missed)"
+            )
             now = {key: record async for key, record in backend.scan_leases(prefix)}
-            found, known = changes(known, now, time.monotonic())
-            for change in found:
-                print(f"{_stamp()}  {change.kind:<11}  {change.key}  {change.text}", flush=True)
-                reported += 1
-            if most is not None and reported >= most:
-                return
+            at = time.monotonic()
+            known = {key: Seen(record, at, record.ttl_ms) for key, record in now.items()}
+            screen.say(f"{_stamp()}  {len(known)} live lease{'' if len(known) == 1 else 's'}")
+            screen.show(now, [])
+            reported = 0
+            for tick in _ticks(interval):
+                await asyncio.sleep(max(0.0, tick - time.monotonic()))
+                now = {key: record async for key, record in backend.scan_leases(prefix)}
+                found, known = changes(known, now, time.monotonic())
+                screen.show(now, found)
+                reported += len(found)
+                if most is not None and reported >= most:
+                    return
 
 
 def _ticks(interval: float) -> Iterator[float]:
