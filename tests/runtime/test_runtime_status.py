@@ -73,9 +73,10 @@ async def test_threads_show_owner_token_and_unfinished_signals(
         assert mine.process_id == a.process_id and mine.run_id == first.run_id
         assert mine.token is not None and mine.ttl_ms is not None and 0 < mine.ttl_ms <= 3000
         assert mine.pending
+        assert mine.held_ms is not None and mine.held_ms >= 0
 
         seen = await b.thread_status("t1")
-        assert not seen.local and seen.queued is None
+        assert not seen.local and seen.queued is None and seen.held_ms is None
         assert (seen.owner, seen.token, seen.pending) == (mine.owner, mine.token, True)
         assert [s.thread_key for s in await b.threads()] == ["t1"]
         assert (await b.thread_status("t2")).owner is None  # an idle thread

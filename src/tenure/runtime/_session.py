@@ -187,6 +187,7 @@ class Session:
         self.owner = owner
         self.run_id = run_of(owner) or owner
         self.token = token
+        self.taken_at = time.monotonic()  # when this process took the thread over
         self.runs = 0
         self.buffer: deque[_Pending] = deque()
         self.inflight: dict[str, _Pending] = {}

@@ -4,6 +4,7 @@ so any process can look (``ThreadRuntime.threads()``, ``tenure threads``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,9 @@ class ThreadStatus:
 
     From :meth:`ThreadRuntime.threads` also, for the threads this runtime
     runs (``local``): ``queued``, the signals received and not yet handed to
-    the handler, and ``in_flight``, those handed to it and not acknowledged.
+    the handler, ``in_flight``, those handed to it and not acknowledged, and
+    ``held_ms``, how long ago the thread was handed to this process (its last
+    hand-over; the backends do not keep it for threads run elsewhere).
     """
 
     thread_key: str
@@ -44,6 +47,7 @@ class ThreadStatus:
     local: bool = False
     queued: int | None = None
     in_flight: int | None = None
+    held_ms: int | None = None
 
 
 async def thread_statuses(
@@ -100,6 +104,10 @@ def with_sessions(
         # ``inflight`` holds every signal received and not settled, the queued included.
         queued = len(session.buffer)
         by_key[key] = replace(
-            base, local=True, queued=queued, in_flight=len(session.inflight) - queued
+            base,
+            local=True,
+            queued=queued,
+            in_flight=len(session.inflight) - queued,
+            held_ms=int((time.monotonic() - session.taken_at) * 1000),
         )
     return [by_key[k] for k in sorted(by_key)]
