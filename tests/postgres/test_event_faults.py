@@ -279,3 +279,47 @@ async def test_killed_subscriber_process_loses_no_event(
         assert not set(ledger.seen) & set(range(10)), "acknowledged events came back"
         await survivor.unsubscribe(TOPIC, ledger)
     await assert_nothing_lost(url, schema, ledger, range(10, 30))
+
+
+@pytest.mark.asyncio
+async def test_claims_of_a_take_whose_answer_was_lost_come_back_at_once(
+    server: PgServer, url: str, unique: str, publisher: PostgresPubSub
+) -> None:
+    """A take reaches the server and commits, but its answer is dropped (the
+    call times out, outcome unknown). The member must take those claims back
+    itself with its next take, not leave them invisible for the visibility
+    timeout (60 s here) behind newer events."""
+    from safety.proxy import Proxy
+
+    schema = f"events_{unique}"
+    ledger = Ledger()
+    async with Proxy("127.0.0.1", server.port) as proxy:
+        via = _with(
+            url.replace(f":{server.port}/", f":{proxy.port}/"),
+            call_timeout=0.5,
+            visibility_timeout=60,
+        )
+        async with PostgresPubSub.from_url(via) as member:
+            await member.subscribe(TOPIC, ledger, group=GROUP)
+            await publish_all(publisher, range(1))
+            await eventually(lambda: ledger.has(range(1)), timeout=30)
+            proxy.set_mode("drop-reply")  # requests go through, answers do not
+            await publish_all(publisher, range(1, 3))
+            admin = url.split("?")[0]
+
+            async def taken_unseen() -> bool:
+                query = sql.SQL("SELECT count(*) FROM {} WHERE attempt > 0").format(
+                    sql.Identifier(schema, "leases_claims")
+                )
+                async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as c:
+                    row = await (await c.execute(query)).fetchone()
+                return row is not None and row[0] >= 2
+
+            for _ in range(200):  # the fallback poll takes them, its answer is dropped
+                if await taken_unseen():
+                    break
+                await asyncio.sleep(0.05)
+            assert await taken_unseen()
+            assert not ledger.has(range(1, 3))
+            proxy.set_mode("pass")
+            await eventually(lambda: ledger.has(range(1, 3)), timeout=20)

@@ -40,6 +40,9 @@ class _Group(ClaimGroup):
     drained: int = 0
     # The last take found claims (the next empty one schedules a second look).
     busy: bool = False
+    # A take failed with its outcome unknown: the next one takes back this
+    # instance's claims that it does not hold (see claim_take.sql).
+    unsure: bool = False
 
     def behind(self, mark: int) -> bool:
         return self.drained < mark
@@ -238,8 +241,11 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 "limit": _BATCH,
                 "visible": self._event_opts.visibility_timeout,
                 "consumer": self._consumer,
+                "retake": group.unsure,
+                "held": list(group.held) if group.unsure else [],
             },
         )
+        group.unsure = False
         return sorted((int(e), int(a), body) for e, a, body in rows)
 
     async def _fetch_loop(self, group: _Group) -> None:
@@ -259,6 +265,9 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 raise
             except BackendUnavailable as exc:
                 logger.warning("cannot take events of topic %r: %s", group.topic, exc)
+                # The take may have claimed events all the same: the next take
+                # takes back what this instance holds and does not know of.
+                group.unsure = True
                 group.drained = max(group.drained, asked)  # flush does not wait through an outage
                 group.progress.set()
                 await asyncio.sleep(0.5)

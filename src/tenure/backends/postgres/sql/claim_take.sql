@@ -7,6 +7,10 @@
 -- transaction only): a take lost in a server crash leaves its claims due
 -- again, so they are delivered again (at least once), and an acknowledgement,
 -- committed later and synchronously, makes the take durable with it.
+-- With retake, the member also takes back the claims it holds but does not
+-- know of (not in held): what a take whose answer it never got (a time-out, a
+-- broken connection) may have claimed, which would otherwise stay invisible
+-- until the visibility timeout, behind newer events.
 UPDATE {claims} AS c
 SET attempt = c.attempt + 1,
     visible_at = n.now + %(visible)s * interval '1 second',
@@ -14,7 +18,10 @@ SET attempt = c.attempt + 1,
 FROM (SELECT {now}() AS now,
              pg_catalog.set_config('synchronous_commit', 'off', true) AS async) AS n,
      (SELECT group_id, event_id FROM {claims}
-      WHERE group_id = %(group)s AND visible_at <= {now}()
+      WHERE group_id = %(group)s
+        AND (visible_at <= {now}()
+             OR (%(retake)s AND consumer = %(consumer)s
+                 AND NOT (event_id = ANY(%(held)s::bigint[]))))
       ORDER BY event_id
       LIMIT %(limit)s
       FOR UPDATE SKIP LOCKED) AS s,
