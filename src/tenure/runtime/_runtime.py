@@ -5,9 +5,9 @@ Guarantees
 With the default settings, on a backend that carries signals between processes
 (SQLite, Redis Streams) or inside one process (memory). PostgreSQL carries
 signals and runs the runtime across processes too, but is not yet proven under
-faults: its soak (``SAFETY.md``) kept every run exclusive and in order, yet left
-one thread's signals unhandled at the end; until that is fixed, the "no signal
-stranded" bound below is not promised there.
+faults: its soaks (``SAFETY.md``) kept every run exclusive, yet left signals
+unhandled at the end and some out of order; until that is fixed, the "no signal
+stranded" bound and the order below are not promised there.
 
 - **One run per thread.** A run holds the thread's lease, renewed by the same
   :class:`~tenure._renewer.Renewer` as :func:`tenure.hold`. It learns of a loss
