@@ -17,14 +17,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import redis
+from tests.support.example_process import ExampleProcess
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 THREADS = [("C1", "1700000000.000100"), ("C1", "1700000000.000200"), ("C2", "1.5"), ("C3", "9")]
@@ -38,11 +38,10 @@ def free_port() -> int:
         return port
 
 
-class Server:
+class Server(ExampleProcess):
     def __init__(self, redis_url: str, prefix: str) -> None:
-        self.prefix = prefix
+        super().__init__(redis_url, prefix)
         self.port = free_port()
-        self.redis = redis.Redis.from_url(redis_url)
         env = {
             **os.environ,
             "TENURE_URL": redis_url,
@@ -112,22 +111,6 @@ class Server:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-
-    def log(self) -> list[dict[str, Any]]:
-        return [json.loads(item) for item in self.redis.lrange(f"{self.prefix}log", 0, -1)]
-
-    def wait_for(self, check: Callable[[list[dict[str, Any]]], bool], timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not check(self.log()):
-            assert self.proc.poll() is None, self.output()
-            if time.monotonic() > deadline:
-                pytest.fail(f"condition not met within {timeout} s; log: {self.log()}")
-            time.sleep(0.05)
-
-    def output(self) -> str:
-        self.stop()
-        assert self.proc.stdout is not None
-        return self.proc.stdout.read().decode(errors="replace")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -8,28 +8,25 @@ writes nothing over its successor: the fenced store rejects its token.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import redis
+from tests.support.example_process import ExampleProcess
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TTL_MS = 1500
 
 
-class Worker:
+class Worker(ExampleProcess):
     def __init__(self, redis_url: str, prefix: str) -> None:
-        self.prefix = prefix
-        self.redis = redis.Redis.from_url(redis_url)
+        super().__init__(redis_url, prefix)
         env = {
             **os.environ,
             "TENURE_URL": redis_url,
@@ -69,22 +66,6 @@ class Worker:
             kwargs=kwargs,
             queue=f"{self.prefix}queue",
         )
-
-    def log(self) -> list[dict[str, Any]]:
-        return [json.loads(item) for item in self.redis.lrange(f"{self.prefix}log", 0, -1)]
-
-    def wait_for(self, check: Callable[[list[dict[str, Any]]], bool], timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not check(self.log()):
-            assert self.proc.poll() is None, self.output()
-            if time.monotonic() > deadline:
-                pytest.fail(f"condition not met within {timeout} s; log: {self.log()}")
-            time.sleep(0.05)
-
-    def output(self) -> str:
-        self.stop()
-        assert self.proc.stdout is not None
-        return self.proc.stdout.read().decode(errors="replace")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
