@@ -269,15 +269,38 @@ class SqliteEnv(Env):
         return [f"sqlite:///{workdir / 'backend.db'}"] * rc.workers
 
 
-class RedisEnv(Env):
+class ServerEnv(Env):
+    """A private server the env starts, reached by each worker slot through a
+    proxy of its own (for black holes), and crashed for a restart."""
+
+    server: Any
+    proxies: list[Proxy]
+
+    async def _serve(self, server: Any, workers: int) -> None:
+        self.server = server
+        await asyncio.to_thread(server.start)
+        self.proxies = [await Proxy("127.0.0.1", server.port).start() for _ in range(workers)]
+
+    def proxy(self, slot: int) -> Proxy | None:
+        return self.proxies[slot]
+
+    async def restart(self) -> None:
+        # A crash, not a shutdown: every write that was acknowledged survives it
+        # (Redis with appendfsync always, PostgreSQL's committed transactions).
+        await asyncio.to_thread(self.server.kill)
+        await asyncio.to_thread(self.server.start)
+
+    async def close(self) -> None:
+        for p in self.proxies:
+            await p.aclose()
+        await asyncio.to_thread(self.server.close)
+
+
+class RedisEnv(ServerEnv):
     async def start(self, workdir: Path, rc: ThreadRunConfig) -> list[str]:
         from tests.support.redis_server import RedisServer
 
-        self.server = RedisServer(persistence=True)
-        await asyncio.to_thread(self.server.start)
-        self.proxies = [
-            await Proxy("127.0.0.1", self.server.port).start() for _ in range(rc.workers)
-        ]
+        await self._serve(RedisServer(persistence=True), rc.workers)
         prefix = f"thr{rc.seed}x{os.getpid()}:"
         # A fresh server refuses grants for max_ttl_ms (it may have lost leases):
         # keep that quarantine short, as the TTLs here are.
@@ -286,46 +309,16 @@ class RedisEnv(Env):
             await _past_quarantine(f"{self.server.url}?{opts}")
         return [f"redis://127.0.0.1:{p.port}/0?{opts}" for p in self.proxies]
 
-    def proxy(self, slot: int) -> Proxy | None:
-        return self.proxies[slot]
 
-    async def restart(self) -> None:
-        # A crash, not a shutdown: with appendfsync always every write survives it.
-        await asyncio.to_thread(self.server.kill)
-        await asyncio.to_thread(self.server.start)
-
-    async def close(self) -> None:
-        for p in self.proxies:
-            await p.aclose()
-        await asyncio.to_thread(self.server.close)
-
-
-class PostgresEnv(Env):
+class PostgresEnv(ServerEnv):
     async def start(self, workdir: Path, rc: ThreadRunConfig) -> list[str]:
         from tests.support.pg_server import PgServer
 
-        self.server = PgServer()
-        await asyncio.to_thread(self.server.start)
-        self.proxies = [
-            await Proxy("127.0.0.1", self.server.port).start() for _ in range(rc.workers)
-        ]
+        await self._serve(PgServer(), rc.workers)
         # A call that hangs (a black-holed connection) gives up well within the
         # renew interval, as the runtime's renewer expects of a short TTL.
         opts = f"schema=thr{rc.seed}x{os.getpid()}&call_timeout={max(0.2, rc.ttl_ms / 4000)}"
         return [f"postgresql://postgres@127.0.0.1:{p.port}/postgres?{opts}" for p in self.proxies]
-
-    def proxy(self, slot: int) -> Proxy | None:
-        return self.proxies[slot]
-
-    async def restart(self) -> None:
-        # A crash: every transaction that committed survives it.
-        await asyncio.to_thread(self.server.kill)
-        await asyncio.to_thread(self.server.start)
-
-    async def close(self) -> None:
-        for p in self.proxies:
-            await p.aclose()
-        await asyncio.to_thread(self.server.close)
 
 
 async def _past_quarantine(url: str) -> None:
