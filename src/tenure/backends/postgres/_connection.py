@@ -9,7 +9,6 @@ psycopg's and the pool's errors become tenure's, with secrets removed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import re
@@ -25,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from ..._errors import BackendClosed, BackendUnavailable, ConfigurationError, TenureError
 from ..._url import redact
+from ._listen import PgListener
 
 __all__ = ["PgConnection", "check_identifier"]
 
@@ -241,7 +241,7 @@ class PgConnection:
         self._max_size = pool.max_size if pool is not None else max_size
         self._listen_conninfo = listen_conninfo if listen_conninfo is not None else conninfo
         self.where, password = _describe(conninfo)
-        self._secrets = (password, _describe(self._listen_conninfo)[1])
+        self.secrets = (password, _describe(self._listen_conninfo)[1])
         # A NOTIFY channel is an identifier of at most 63 bytes; a hash of the
         # qualified table name fits whatever the names are.
         digest = hashlib.sha256(f"{self.schema}\0{self.table}".encode()).hexdigest()[:24]
@@ -249,9 +249,6 @@ class PgConnection:
         # Events have a channel of their own (payload: the topic in hex); the
         # one LISTEN connection listens on both.
         self.event_channel = f"tenure_{digest}_e"
-        self._handlers: dict[str, Callable[[str], None]] = {self.channel: on_notify}
-        self._gap_handlers: list[Callable[[], None]] = [on_gap]
-        self._ping_interval = ping_interval
         names = {
             "waiters": "_waiters",
             "live": "_live",
@@ -283,23 +280,11 @@ class PgConnection:
         self._ready = False
         self.events_ready = False
         self._ready_lock = asyncio.Lock()
-        self._listen_task: asyncio.Task[None] | None = None
-        self._listen_ready: asyncio.Future[None] | None = None
-        self._stragglers: set[asyncio.Task[Any]] = set()
+        self.listener = PgListener(self, self._listen_conninfo, on_notify, on_gap, ping_interval)
 
     def render(self, name: str) -> str:
         """``sql/<name>.sql`` with the schema, table and clock names composed in."""
         return sql.SQL(load(name)).format(**self._names).as_string(None)
-
-    def on_events(self, notify: Callable[[str], None], gap: Callable[[], None]) -> None:
-        """Also deliver notifications of the event channel to ``notify``; ``gap``
-        is called when the LISTEN connection came back (some may have been missed)."""
-        self._handlers[self.event_channel] = notify
-        self._gap_handlers.append(gap)
-
-    def _gap(self) -> None:
-        for handler in self._gap_handlers:
-            handler()
 
     # -- errors ----------------------------------------------------------------
 
@@ -310,7 +295,7 @@ class PgConnection:
         text = str(exc).strip() or type(exc).__name__
         if detail:
             text = f"{text} ({detail})"
-        text = redact(text, self._secrets)
+        text = redact(text, self.secrets)
         if _misconfigured(exc):
             return ConfigurationError(f"PostgreSQL at {self.where} refused {op}: {text}")
         return BackendUnavailable(
@@ -378,16 +363,6 @@ class PgConnection:
             first.cancel()
             if second is not None:
                 second.cancel()
-
-    def _abandon(self, task: asyncio.Task[Any]) -> None:
-        task.cancel()
-        self._stragglers.add(task)
-        task.add_done_callback(self._forget)
-
-    def _forget(self, task: asyncio.Task[Any]) -> None:
-        self._stragglers.discard(task)
-        if not task.cancelled():
-            task.exception()  # nobody waits for it any more: retrieved, not logged
 
     # -- first use -----------------------------------------------------------------
 
@@ -570,100 +545,22 @@ class PgConnection:
                     continue
                 raise self.error(op, exc) from exc
 
-    # -- LISTEN ------------------------------------------------------------------------
+    # -- LISTEN (see _listen.py) ------------------------------------------------------
+
+    def on_events(self, notify: Callable[[str], None], gap: Callable[[], None]) -> None:
+        """Also deliver notifications of the event channel to ``notify``; ``gap``
+        is called when the LISTEN connection came back (some may have been missed)."""
+        self.listener.on_events(notify, gap)
 
     async def listen(self, op: str) -> None:
         """Make sure the LISTEN connection is up, within the call time limit."""
-        await self.bounded(op, self._listening(op))
-
-    async def _listening(self, op: str) -> None:
-        await self.prepare(op)
-        task = self._listen_task
-        if task is None or task.done():
-            ready = self._listen_ready = asyncio.get_running_loop().create_future()
-            # A first failure nobody awaits any more must not be logged as lost.
-            ready.add_done_callback(lambda f: f.cancelled() or f.exception())
-            self._listen_task = asyncio.create_task(
-                self._listen(ready), name=f"tenure-postgres-listen-{self.channel}"
-            )
-        assert self._listen_ready is not None
-        await asyncio.shield(self._listen_ready)
-
-    async def _listen(self, ready: asyncio.Future[None]) -> None:
-        """The LISTEN connection: a session of its own, outside the pool.
-
-        Between notifications it pings the server every ``ping_interval``
-        seconds (bounded by ``call_timeout``), so a connection that died
-        silently (a paused server, a black hole) is found and replaced. Every
-        reconnection calls the gap handlers: notifications sent meanwhile are lost.
-        """
-        listen = sql.SQL("").join(
-            sql.SQL("LISTEN {};").format(sql.Identifier(channel))
-            for channel in (self.channel, self.event_channel)
-        )
-        delay = 0.1
-        while not self.closed:
-            try:
-                conn = await psycopg.AsyncConnection.connect(self._listen_conninfo, autocommit=True)
-                try:
-                    await conn.execute(listen)
-                    if ready.done():
-                        # Reconnected: notifications may have been missed meanwhile.
-                        self._gap()
-                    else:
-                        ready.set_result(None)
-                    delay = 0.1
-                    while True:
-                        async for note in conn.notifies(timeout=self._ping_interval):
-                            handler = self._handlers.get(note.channel)
-                            if handler is not None:
-                                handler(note.payload)
-                        await self._ping(conn)
-                finally:
-                    await conn.close()
-            except (psycopg.Error, BackendUnavailable) as exc:
-                if not ready.done():
-                    ready.set_exception(
-                        exc if isinstance(exc, TenureError) else self.error("LISTEN", exc)
-                    )
-                    return
-                self._gap()
-                logger.warning(
-                    "LISTEN connection to PostgreSQL at %s lost (%s); reconnecting in %.1f s",
-                    self.where,
-                    redact(str(exc), self._secrets),
-                    delay,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def _ping(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """One ``SELECT 1`` on the LISTEN connection within ``call_timeout``."""
-        task = asyncio.ensure_future(conn.execute("SELECT 1"))
-        await asyncio.wait((task,), timeout=self.call_timeout)
-        if not task.done():
-            self._abandon(task)
-            raise BackendUnavailable(f"no answer to a ping within {self.call_timeout:g} s")
-        task.result()
+        await self.bounded(op, self.listener.ensure(op))
 
     # -- life cycle ------------------------------------------------------------------
 
     async def aclose(self) -> None:
         """Stop the LISTEN connection and abandoned calls; close the pool if it is ours."""
         self.closed = True
-        task, self._listen_task = self._listen_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        # An abandoned call may be inside psycopg's cancellation of its
-        # statement (seconds on a dead network): cancelling it again makes
-        # psycopg close that connection at once.
-        for _ in range(50):
-            if not self._stragglers:
-                break
-            for straggler in self._stragglers:
-                straggler.cancel()
-            await asyncio.wait(self._stragglers, timeout=0.1)
+        await self.listener.aclose()
         if self._owns_pool:
             await self.pool.close()

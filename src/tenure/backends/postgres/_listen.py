@@ -1,0 +1,150 @@
+"""The LISTEN connection of one PostgreSQL backend instance.
+
+A session of its own, outside the pool (LISTEN needs a session connection, not
+PgBouncer's transaction pooling). It listens on the lease channel (release
+wake-ups) and the event channel, pings the server between notifications so
+that a connection that died silently (a paused server, a black hole) is found
+and replaced, and calls the gap handlers after every reconnection:
+notifications sent meanwhile are lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from ..._errors import BackendUnavailable, TenureError
+from ..._url import redact
+
+if TYPE_CHECKING:
+    from ._connection import PgConnection
+
+__all__ = ["PgListener"]
+
+logger = logging.getLogger("tenure.postgres")
+
+
+class PgListener:
+    def __init__(
+        self,
+        link: PgConnection,
+        conninfo: str,
+        on_notify: Callable[[str], None],
+        on_gap: Callable[[], None],
+        ping_interval: float,
+    ) -> None:
+        self._link = link
+        self._conninfo = conninfo
+        self._handlers: dict[str, Callable[[str], None]] = {link.channel: on_notify}
+        self._gap_handlers: list[Callable[[], None]] = [on_gap]
+        self._ping_interval = ping_interval
+        self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
+        # Pings abandoned at their time limit (psycopg may still be cancelling them).
+        self._stragglers: set[asyncio.Task[Any]] = set()
+
+    def on_events(self, notify: Callable[[str], None], gap: Callable[[], None]) -> None:
+        """Also deliver the event channel's notifications to ``notify``, and call
+        ``gap`` after a reconnection."""
+        self._handlers[self._link.event_channel] = notify
+        self._gap_handlers.append(gap)
+
+    def _gap(self) -> None:
+        for handler in self._gap_handlers:
+            handler()
+
+    async def ensure(self, op: str) -> None:
+        """Start the connection if it is not running; wait until it listens."""
+        await self._link.prepare(op)
+        task = self._task
+        if task is None or task.done():
+            ready = self._ready = asyncio.get_running_loop().create_future()
+            # A first failure nobody awaits any more must not be logged as lost.
+            ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._task = asyncio.create_task(
+                self._listen(ready), name=f"tenure-postgres-listen-{self._link.channel}"
+            )
+        assert self._ready is not None
+        await asyncio.shield(self._ready)
+
+    async def _listen(self, ready: asyncio.Future[None]) -> None:
+        link = self._link
+        listen = sql.SQL("").join(
+            sql.SQL("LISTEN {};").format(sql.Identifier(channel))
+            for channel in (link.channel, link.event_channel)
+        )
+        delay = 0.1
+        while not link.closed:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+                try:
+                    await conn.execute(listen)
+                    if ready.done():
+                        # Reconnected: notifications may have been missed meanwhile.
+                        self._gap()
+                    else:
+                        ready.set_result(None)
+                    delay = 0.1
+                    while True:
+                        async for note in conn.notifies(timeout=self._ping_interval):
+                            handler = self._handlers.get(note.channel)
+                            if handler is not None:
+                                handler(note.payload)
+                        await self._ping(conn)
+                finally:
+                    await conn.close()
+            except (psycopg.Error, BackendUnavailable) as exc:
+                if not ready.done():
+                    ready.set_exception(
+                        exc if isinstance(exc, TenureError) else link.error("LISTEN", exc)
+                    )
+                    return
+                self._gap()
+                logger.warning(
+                    "LISTEN connection to PostgreSQL at %s lost (%s); reconnecting in %.1f s",
+                    link.where,
+                    redact(str(exc), link.secrets),
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _ping(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """One ``SELECT 1`` on the LISTEN connection within ``call_timeout``."""
+        limit = self._link.call_timeout
+        task = asyncio.ensure_future(conn.execute("SELECT 1"))
+        await asyncio.wait((task,), timeout=limit)
+        if not task.done():
+            task.cancel()
+            self._stragglers.add(task)
+            task.add_done_callback(self._forget)
+            raise BackendUnavailable(f"no answer to a ping within {limit:g} s")
+        task.result()
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self._stragglers.discard(task)
+        if not task.cancelled():
+            task.exception()  # nobody waits for it any more: retrieved, not logged
+
+    async def aclose(self) -> None:
+        """Stop the connection and the pings abandoned on it."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        # An abandoned ping may be inside psycopg's cancellation of its
+        # statement (seconds on a dead network): cancelling it again makes
+        # psycopg close that connection at once.
+        for _ in range(50):
+            if not self._stragglers:
+                break
+            for straggler in self._stragglers:
+                straggler.cancel()
+            await asyncio.wait(self._stragglers, timeout=0.1)
