@@ -290,64 +290,68 @@ async def test_wrong_database_or_role_is_a_prompt_configuration_error(
             await provider.acquire_lease("k", "alice", 1000)
 
 
+@contextlib.asynccontextmanager
+async def _proxied(url: str) -> AsyncIterator[tuple[Proxy, str]]:
+    """A proxy in front of ``url``'s server, and ``url`` through it."""
+    parts = urlsplit(url)
+    assert parts.hostname is not None and parts.port is not None
+    async with Proxy(parts.hostname, parts.port) as proxy:
+        user = parts.netloc.rpartition("@")[0]
+        yield proxy, urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}"))
+
+
 @pytest.mark.asyncio
 async def test_a_black_holed_connection_fails_a_bare_call_in_bounded_time(
     postgres_url: str, schema: str
 ) -> None:
-    parts = urlsplit(postgres_url)
-    assert parts.hostname is not None and parts.port is not None
-    async with Proxy(parts.hostname, parts.port) as proxy:
-        user = parts.netloc.rpartition("@")[0]
-        via_proxy = urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}"))
-        async with PostgresLeaseProvider.from_url(via_proxy, schema=schema) as provider:
-            assert (await provider.acquire_lease("k", "alice", 30_000)).acquired
-            proxy.set_mode("blackhole")
-            # The default per-call time limit (a few seconds), no option given.
-            started = time.monotonic()
-            outcomes = await asyncio.wait_for(
-                asyncio.gather(
-                    provider.acquire_lease("k", "bob", 30_000),
-                    provider.get_lease_owner("k"),
-                    provider.wait_lease_released("k", 30),
-                    return_exceptions=True,
-                ),
-                20,
-            )
-            elapsed = time.monotonic() - started
-            # Healed before the proxy must close a connection the client gave up
-            # on while black-holed (the proxy leaves those open).
-            proxy.set_mode("pass")
-            for outcome in outcomes:
-                assert isinstance(outcome, BackendUnavailable), outcomes
-                assert "within" in str(outcome)
-            assert elapsed < 7
-            # Healed: fresh connections answer again.
-            for _ in range(50):
-                try:
-                    owner = await provider.get_lease_owner("k")
-                    break
-                except BackendUnavailable:
-                    await asyncio.sleep(0.2)
-            assert owner == "alice"
+    async with (
+        _proxied(postgres_url) as (proxy, via_proxy),
+        PostgresLeaseProvider.from_url(via_proxy, schema=schema) as provider,
+    ):
+        assert (await provider.acquire_lease("k", "alice", 30_000)).acquired
+        proxy.set_mode("blackhole")
+        # The default per-call time limit (a few seconds), no option given.
+        started = time.monotonic()
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(
+                provider.acquire_lease("k", "bob", 30_000),
+                provider.get_lease_owner("k"),
+                provider.wait_lease_released("k", 30),
+                return_exceptions=True,
+            ),
+            20,
+        )
+        elapsed = time.monotonic() - started
+        # Healed before the proxy must close a connection the client gave up
+        # on while black-holed (the proxy leaves those open).
+        proxy.set_mode("pass")
+        for outcome in outcomes:
+            assert isinstance(outcome, BackendUnavailable), outcomes
+            assert "within" in str(outcome)
+        assert elapsed < 7
+        # Healed: fresh connections answer again.
+        for _ in range(50):
+            try:
+                owner = await provider.get_lease_owner("k")
+                break
+            except BackendUnavailable:
+                await asyncio.sleep(0.2)
+        assert owner == "alice"
 
 
 @pytest.mark.asyncio
 async def test_the_call_time_limit_is_an_option(postgres_url: str, schema: str) -> None:
-    parts = urlsplit(postgres_url)
-    assert parts.hostname is not None and parts.port is not None
-    async with Proxy(parts.hostname, parts.port) as proxy:
-        user = parts.netloc.rpartition("@")[0]
-        via_proxy = urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}"))
-        async with PostgresLeaseProvider.from_url(
-            f"{via_proxy}?call_timeout=0.5", schema=schema
-        ) as provider:
-            await provider.get_lease_owner("k")
-            proxy.set_mode("blackhole")
-            started = time.monotonic()
-            with pytest.raises(BackendUnavailable, match=r"0\.5 s"):
-                await asyncio.wait_for(provider.renew_lease("k", "alice", 1000), 20)
-            assert time.monotonic() - started < 2
-            proxy.set_mode("pass")
+    async with (
+        _proxied(postgres_url) as (proxy, via_proxy),
+        PostgresLeaseProvider.from_url(f"{via_proxy}?call_timeout=0.5", schema=schema) as provider,
+    ):
+        await provider.get_lease_owner("k")
+        proxy.set_mode("blackhole")
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable, match=r"0\.5 s"):
+            await asyncio.wait_for(provider.renew_lease("k", "alice", 1000), 20)
+        assert time.monotonic() - started < 2
+        proxy.set_mode("pass")
 
 
 @pytest.mark.asyncio
@@ -405,17 +409,13 @@ async def test_a_cancellation_from_outside_is_not_turned_into_an_error(
 ) -> None:
     """The caller's own timeout wins over the call time limit, and the backend
     stays usable after the abandoned statement."""
-    parts = urlsplit(postgres_url)
-    assert parts.hostname is not None and parts.port is not None
-    async with Proxy(parts.hostname, parts.port) as proxy:
-        user = parts.netloc.rpartition("@")[0]
-        via_proxy = urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}"))
-        async with PostgresLeaseProvider.from_url(
-            f"{via_proxy}?call_timeout=5", schema=schema
-        ) as provider:
-            assert (await provider.acquire_lease("k", "alice", 60_000)).acquired
-            proxy.set_mode("blackhole")
-            with pytest.raises(TimeoutError):
-                await asyncio.wait_for(provider.renew_lease("k", "alice", 60_000), 0.3)
-            proxy.set_mode("pass")
-            assert await provider.renew_lease("k", "alice", 60_000)
+    async with (
+        _proxied(postgres_url) as (proxy, via_proxy),
+        PostgresLeaseProvider.from_url(f"{via_proxy}?call_timeout=5", schema=schema) as provider,
+    ):
+        assert (await provider.acquire_lease("k", "alice", 60_000)).acquired
+        proxy.set_mode("blackhole")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(provider.renew_lease("k", "alice", 60_000), 0.3)
+        proxy.set_mode("pass")
+        assert await provider.renew_lease("k", "alice", 60_000)
