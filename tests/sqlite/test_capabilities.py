@@ -139,7 +139,7 @@ async def test_a_late_ack_of_a_reclaimed_delivery_neither_loses_nor_repeats_it(
         sent = await member.publish("t", Event(type="t"))
         await eventually(lambda: len(got) == 1)
         assert await other.reclaim("t", "g") == 1
-        assert await other.reclaim("t", "g") == 0  # nothing taken any more
+        # (The member may take the event again at once: that is the point.)
         release.set()  # the old delivery ends; its acknowledgement changes nothing
         await eventually(lambda: len(got) == 2, timeout=10)
         assert got == [(sent.id, 1), (sent.id, 2)]
