@@ -454,8 +454,11 @@ class Injector:
     async def _after_sender_kill(self, victim: str, armed: int) -> None:
         proc = self.pool.procs[victim]
         try:
-            await asyncio.wait_for(asyncio.to_thread(proc.wait), 5)
-        except TimeoutError:
+            # proc.wait's own timeout: a thread stuck in an endless wait would
+            # be lost to the executor each time (six such and every later
+            # to_thread call, faults included, waits forever).
+            await asyncio.to_thread(proc.wait, 5)
+        except subprocess.TimeoutExpired:
             # It sent nothing more (its sending ended): not the fault we wanted.
             self.counts["sender-kill (not injected: no send)"] += 1
             return
