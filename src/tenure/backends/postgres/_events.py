@@ -30,6 +30,8 @@ logger = logging.getLogger("tenure.postgres")
 
 _BATCH = 100  # claims taken per fetch
 _SETTLE_BATCH = 1000  # outcomes written per statement
+_SETTLE_RETRY = 0.05  # seconds before writing outcomes again after a failure; doubles
+_SETTLE_RETRY_MAX = 1.0
 _RECHECK = 0.05  # seconds after a take that found claims and one that found none: one more
 
 
@@ -313,6 +315,8 @@ class PostgresEvents(ClaimedEvents[_Group]):
             )
 
     async def _settle_loop(self) -> None:
+        failing_since: float | None = None
+        pause = _SETTLE_RETRY
         try:
             while self._outcomes:
                 batch: list[Outcome] = []
@@ -339,9 +343,25 @@ class PostgresEvents(ClaimedEvents[_Group]):
                         retry=True,
                     )
                 except BackendUnavailable as exc:
-                    # The claims stay pending and are delivered again after
-                    # visibility_timeout (at least once).
-                    logger.warning("cannot write %d acknowledgements: %s", len(batch), exc)
+                    # Written again until it succeeds (each outcome names its
+                    # delivery, so writing one twice changes nothing): an
+                    # acknowledgement given up would bring a handled event back
+                    # after visibility_timeout, or at the next reclaim. Past
+                    # that timeout, or once closing, the claims are due for
+                    # redelivery anyway (at least once), and the batch goes.
+                    now = time.monotonic()
+                    failing_since = now if failing_since is None else failing_since
+                    if self._closed or now - failing_since >= self._event_opts.visibility_timeout:
+                        logger.warning("cannot write %d acknowledgements: %s", len(batch), exc)
+                        failing_since = None
+                        continue
+                    logger.info("cannot write %d acknowledgements yet: %s", len(batch), exc)
+                    self._outcomes.extendleft(reversed(batch))
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, _SETTLE_RETRY_MAX)
+                else:
+                    failing_since = None
+                    pause = _SETTLE_RETRY
         finally:
             self._settled.set()
 
