@@ -32,6 +32,7 @@ _BATCH = 100  # claims taken per fetch
 _SETTLE_BATCH = 1000  # outcomes written per statement
 _SETTLE_RETRY = 0.05  # seconds before writing outcomes again after a failure; doubles
 _SETTLE_RETRY_MAX = 1.0
+_FENCED_RETRY = 0.1  # seconds before a take that the fence held off looks again
 _RECHECK = 0.05  # seconds after a take that found claims and one that found none: one more
 
 
@@ -54,6 +55,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
     """Pub/sub on the event tables: the event-loop side (mixed into :class:`PostgresPubSub`)."""
 
     _task_prefix = "tenure-postgres"
+    _fenced_takes = True
     _logger = logger
     _conn: PgConnection
     _closed: bool
@@ -234,7 +236,9 @@ class PostgresEvents(ClaimedEvents[_Group]):
             "consumer": self._consumer,
         }
 
-    async def _take(self, group: _Group) -> list[tuple[int, int, str]]:
+    async def _take(self, group: _Group) -> list[tuple[int, int, str]] | None:
+        """The claims taken, sorted; ``None`` when the fence held this take off."""
+        keys, prefixes = group.fence_arrays()
         rows = await self._sql(
             "take events",
             self._q_take,
@@ -245,8 +249,12 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 "consumer": self._consumer,
                 "retake": group.unsure,
                 "held": list(group.held) if group.unsure else [],
+                "fence_keys": keys,
+                "fence_prefixes": prefixes,
             },
         )
+        if rows and rows[0][0] is None:
+            return None  # unsure stays: the retake is still to be done
         group.unsure = False
         return sorted((int(e), int(a), body) for e, a, body in rows)
 
@@ -263,7 +271,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 # Leaving: queue what the take got, so that leaving hands it
                 # back instead of stranding it until the visibility timeout.
                 with contextlib.suppress(Exception):
-                    self._queue_claimed(group, await job)
+                    self._queue_claimed(group, await job or [])
                 raise
             except BackendUnavailable as exc:
                 logger.warning("cannot take events of topic %r: %s", group.topic, exc)
@@ -273,6 +281,16 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 group.drained = max(group.drained, asked)  # flush does not wait through an outage
                 group.progress.set()
                 await asyncio.sleep(0.5)
+                group.wake.set()
+                continue
+            if claimed is None:
+                # Fenced off: this subscriber's lease is not held (lost, or
+                # not yet visible to this statement). Its holder unsubscribes
+                # soon; look again meanwhile, slowly, without counting the
+                # topic as read (flush does not wait for a fenced subscriber).
+                group.drained = max(group.drained, asked)
+                group.progress.set()
+                await asyncio.sleep(_FENCED_RETRY)
                 group.wake.set()
                 continue
             self._queue_claimed(group, claimed)
