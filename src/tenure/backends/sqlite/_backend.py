@@ -329,7 +329,8 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
         key freed or transferred, or a topic published to; those wake the
         key's longest-waiting waiter or the topic's groups without a look at
         the file. Without messages (a change the safety poll saw), or with one
-        not understood, look for released leases and new events.
+        not understood (``LOOK``: some may have been dropped), look for
+        released leases and new events.
         """
         if self._closed:
             return

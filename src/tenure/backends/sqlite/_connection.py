@@ -220,6 +220,7 @@ class Worker:
             if self.polling and self.conn is not None and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + self.poll_interval()
                 self.poll(self.conn)
+                self.wake.check()
         self.wake.close_sender()
         if self.conn is not None:
             self.conn.close()

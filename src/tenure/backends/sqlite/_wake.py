@@ -17,8 +17,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["FREED", "PUBLISHED", "SAFETY_POLL", "TRANSFERRED", "WakeChannel"]
+__all__ = ["FREED", "LOOK", "PUBLISHED", "SAFETY_POLL", "TRANSFERRED", "WakeChannel"]
 
 logger = logging.getLogger("tenure.sqlite")
 
@@ -46,11 +47,29 @@ FREED = b"f"[0]
 TRANSFERRED = b"t"[0]
 #: An event was stored on the topic.
 PUBLISHED = b"p"[0]
+#: Not sent: handed to the receiver after a batch that filled the queue, from
+#: which datagrams may have been dropped. Look at the file for what changed.
+LOOK = b""
+
+
+def _queue_length() -> int:
+    """How many datagrams a socket's queue holds before sends fail with ``EAGAIN``."""
+    try:
+        return max(1, int(Path("/proc/sys/net/unix/max_dgram_qlen").read_text()))
+    except (OSError, ValueError):
+        return 10  # Linux's default; elsewhere a byte limit, at least this many small ones
+
+
+_QUEUE_LENGTH = _queue_length()
 
 # The wake directories this process has already said are unusable, so the
 # warning is logged once per file, not once per instance.
 _reported: set[str] = set()
 _reported_lock = threading.Lock()
+
+
+def _nothing(messages: list[bytes]) -> None:
+    pass
 
 
 class WakeChannel:
@@ -74,14 +93,26 @@ class WakeChannel:
     each of them. Datagram sockets also work on macOS, need no ``ctypes``, and
     a dead receiver is detected by the kernel at the next send.
 
-    **Never lost for long, never blocking.** Sends are non-blocking: a
-    receiver whose queue is full (``EAGAIN``: stopped, or busy) already has
-    wake-ups waiting, and the datagram is dropped. A socket whose process was
-    killed refuses (``ECONNREFUSED``) and is removed by the sender that found
-    it; one that vanished (``ENOENT``) is forgotten. Any wake-up missed that
-    way, or by a socket bound while a sender's listing was cached, is covered
-    by the safety poll (``PRAGMA data_version`` every :data:`SAFETY_POLL`
-    seconds, run by the backend), so it is late, never lost.
+    **Never lost for long, never blocking.** Sends are non-blocking. When a
+    receiver's queue is full (``EAGAIN``: stopped, or busy) the datagram is
+    dropped; the receiver, reading a full queue's worth at once, then looks at
+    the file for what changed instead of trusting the datagrams alone. A
+    socket whose process was killed refuses (``ECONNREFUSED``) and is removed
+    by the sender that found it; one that vanished (``ENOENT``) is forgotten.
+    Senders list the directory again whenever its mtime changed (and while
+    that mtime is recent, since a coarse timestamp can hide a second change),
+    so a socket bound before its owner's first look is sent to by every commit
+    after that look. Whatever else goes missing is caught by the safety poll
+    (``PRAGMA data_version`` every :data:`SAFETY_POLL` seconds, run by the
+    backend): late, never lost. A socket file removed behind its owner's back
+    (a clean-up of the directory) is noticed by that poll (:meth:`check`) and
+    bound again under a new name. Datagrams are hints: one makes an instance
+    look, never decides anything, and a forged one costs a look.
+
+    **One socket per instance,** not per process: each instance listens on
+    its own event loop (instances of one process may run on different loops
+    and threads), and the instances of one process wake each other the same
+    way as those of different processes.
 
     **Unavailable.** Where the socket cannot be made (no ``AF_UNIX``, a path
     longer than ``sun_path`` allows, a directory that cannot be created or
@@ -90,19 +121,24 @@ class WakeChannel:
     and the backend polls at ``poll_interval`` as before.
 
     Threads: :meth:`listen` and :meth:`close` run on the event loop's thread;
-    :meth:`ring` and :meth:`close_sender` on the backend's worker thread.
+    :meth:`ring`, :meth:`check` and :meth:`close_sender` on the backend's
+    worker thread.
     """
 
     def __init__(self, file: str) -> None:
         self.dir = file + ".tenure-wake"
-        self.name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}{_SUFFIX}"
-        self.path = os.path.join(self.dir, self.name)
+        self._name()
         self.unavailable: str | None = None  # why listening failed, once tried
         self._receiver: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_wake: Callable[[list[bytes]], None] = _nothing
         self._sender: socket.socket | None = None
         self._peers: list[str] = []
         self._listed: tuple[int, int] | None = None  # (directory mtime, listed at), ns
+
+    def _name(self) -> None:
+        self.name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}{_SUFFIX}"
+        self.path = os.path.join(self.dir, self.name)
 
     @property
     def listening(self) -> bool:
@@ -142,8 +178,25 @@ class WakeChannel:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
             return self._unavailable(f"the event loop {type(loop).__name__} has no add_reader")
-        self._receiver, self._loop = sock, loop
+        self._receiver, self._loop, self._on_wake = sock, loop, on_wake
         return True
+
+    def check(self) -> None:
+        """Bind again if the socket file was removed (from the worker thread, now and then)."""
+        loop = self._loop
+        if loop is None or os.path.exists(self.path):
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to listen for
+            loop.call_soon_threadsafe(self._listen_again)
+
+    def _listen_again(self) -> None:
+        if self._receiver is None or os.path.exists(self.path):
+            return  # closed, or bound again already
+        on_wake = self._on_wake
+        self.close()
+        self._name()
+        if self.listen(on_wake):
+            on_wake([])  # look now: what was sent meanwhile went nowhere
 
     def _unavailable(self, reason: str) -> bool:
         self.unavailable = reason
@@ -167,6 +220,10 @@ class WakeChannel:
                 messages.append(sock.recv(_MAX_DATAGRAM))
             except OSError:
                 break  # drained (BlockingIOError), or closed under us
+        if len(messages) >= min(_QUEUE_LENGTH, _DRAIN):
+            # The queue was full at some point since the last read, so sends to
+            # it may have failed: the batch read since then holds all of it.
+            messages.append(LOOK)
         if messages:
             on_wake(messages)
 

@@ -1,0 +1,181 @@
+"""Wake-ups between processes sharing one file (sqlite/_wake.py), with real processes and sockets.
+
+An instance created with ``poll_interval=3600`` polls once an hour, so a waiter
+of it that wakes within the test's timeout was woken by a datagram. Lease
+waiters have no other timer; subscribers do (the maintenance tick), so event
+wake-ups are checked on a listener's datagrams as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tenure import Event
+from tenure.backends.sqlite import SqlitePubSub
+from tenure.backends.sqlite._wake import _QUEUE_LENGTH, PUBLISHED, WakeChannel
+from tenure.testing import eventually
+
+from ..support.waiting import until_parked
+from .conftest import Child, Spawner
+
+NO_POLL = "3600"  # seconds: no safety poll within a test
+
+
+def sockets(db: str) -> set[str]:
+    wake_dir = Path(db + ".tenure-wake")
+    return {str(p) for p in wake_dir.iterdir()} if wake_dir.exists() else set()
+
+
+async def parked_waiter(spawn: Spawner, db: str, key: str, poll: str = NO_POLL) -> Child:
+    child = await spawn("waiter", db, key, poll)
+    doc = await child.line()
+    assert doc["parked"] is True
+    assert doc["socket"] in sockets(db)
+    return child
+
+
+async def hold(backend: SqlitePubSub, key: str) -> None:
+    assert (await backend.acquire_lease(key, "parent", 60_000)).acquired
+
+
+@pytest.mark.asyncio
+async def test_a_release_in_another_process_wakes_a_waiter_through_its_socket(
+    spawn: Spawner, db: str
+) -> None:
+    holder = await spawn("holder", db, "k")
+    assert (await holder.line())["held"] is True
+    async with SqlitePubSub(db, poll_interval=float(NO_POLL)) as backend:
+        waiting = asyncio.create_task(backend.wait_lease_released("k", timeout=60))
+        await until_parked(backend, "k")
+        mine = backend._worker.wake.path
+        assert mine in sockets(db)
+        await holder.write("release\n")
+        assert await holder.line() == {"released": True}
+        assert await waiting is True
+    assert mine not in sockets(db)  # closing removes the socket
+
+
+@pytest.mark.asyncio
+async def test_a_publish_in_another_process_rings_and_reaches_the_subscriber(
+    spawn: Spawner, db: str
+) -> None:
+    got: list[Event] = []
+    rung: list[bytes] = []
+
+    async def on_event(event: Event) -> None:
+        got.append(event)
+
+    async with SqlitePubSub(db, poll_interval=float(NO_POLL)) as backend:
+        await backend.subscribe("t", on_event)
+        listener = WakeChannel(db)  # a second listener, to see the datagram itself
+        assert listener.listen(rung.extend)
+        try:
+            publisher = await spawn("publisher", db, "t")
+            assert await publisher.line() == {"ready": True}
+            await publisher.write("one\n")
+            sent = (await publisher.line())["published"]
+            await eventually(lambda: [e.id for e in got] == [sent], timeout=30)
+            assert rung == [bytes((PUBLISHED,)) + b"t"]
+        finally:
+            listener.close()
+
+
+@pytest.mark.asyncio
+async def test_eight_processes_are_all_woken_by_one_release(spawn: Spawner, db: str) -> None:
+    async with SqlitePubSub(db) as backend:
+        await hold(backend, "k")
+        children = [await spawn("waiter", db, "k", NO_POLL) for _ in range(8)]
+        for child in children:
+            assert (await child.line())["parked"] is True
+        await backend.release_lease("k", "parent")
+        for child in children:
+            assert await child.line() == {"woken": True}
+
+
+@pytest.mark.asyncio
+async def test_the_socket_of_a_killed_process_is_removed_and_the_others_still_woken(
+    spawn: Spawner, db: str
+) -> None:
+    async with SqlitePubSub(db) as backend:
+        await hold(backend, "k")
+        killed = await parked_waiter(spawn, db, "k")
+        stale = sockets(db)
+        killed.send(signal.SIGKILL)
+        await killed.wait()
+        assert stale <= sockets(db)  # SIGKILL leaves the socket file behind
+        alive = await parked_waiter(spawn, db, "k")
+        await backend.release_lease("k", "parent")  # sends before it returns
+        assert not stale & sockets(db)
+        assert await alive.line() == {"woken": True}
+
+
+@pytest.mark.asyncio
+async def test_a_release_dropped_by_a_full_queue_is_found_when_the_receiver_reads_again(
+    spawn: Spawner, db: str
+) -> None:
+    others = [f"other-{i}" for i in range(_QUEUE_LENGTH + 10)]
+    async with SqlitePubSub(db) as backend:
+        for key in [*others, "k"]:
+            await hold(backend, key)
+        child = await parked_waiter(spawn, db, "k")
+        child.send(signal.SIGSTOP)  # its queue fills up; the later sends fail
+        try:
+            for key in [*others, "k"]:
+                await backend.release_lease(key, "parent")
+        finally:
+            child.send(signal.SIGCONT)
+        assert await child.line() == {"woken": True}
+
+
+@pytest.mark.asyncio
+async def test_a_socket_removed_behind_its_back_is_covered_by_the_safety_poll_and_bound_again(
+    spawn: Spawner, db: str
+) -> None:
+    holder = await spawn("holder", db, "k")
+    assert (await holder.line())["held"] is True
+    async with SqlitePubSub(db) as backend:
+        waiting = asyncio.create_task(backend.wait_lease_released("k", timeout=60))
+        await until_parked(backend, "k")
+        lost = backend._worker.wake.path
+        os.unlink(lost)  # the release's datagram now goes nowhere
+        await holder.write("release\n")
+        assert await holder.line() == {"released": True}
+        assert await waiting is True
+        await eventually(lambda: backend._worker.wake.path in sockets(db), timeout=30)
+        assert backend._worker.wake.path != lost
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("cause", ["path-too-long", "directory-is-a-file"])
+async def test_without_sockets_waiters_are_woken_by_polling_and_the_log_says_so_once(
+    spawn: Spawner, tmp_path: Path, caplog: pytest.LogCaptureFixture, cause: str
+) -> None:
+    if cause == "path-too-long":
+        folder = tmp_path / ("d" * max(1, 110 - len(str(tmp_path))))
+        folder.mkdir()
+        db = str(folder / "shared.db")
+    else:
+        db = str(tmp_path / "shared.db")
+        Path(db + ".tenure-wake").write_text("in the way")
+    holder = await spawn("holder", db, "k")
+    assert (await holder.line())["held"] is True
+    with caplog.at_level(logging.WARNING, logger="tenure.sqlite"):
+        async with SqlitePubSub(db) as first, SqlitePubSub(db) as second:
+            waiting = [
+                asyncio.create_task(b.wait_lease_released("k", timeout=60))
+                for b in (first, second)
+            ]
+            await until_parked(first, "k")
+            await until_parked(second, "k")
+            await holder.write("release\n")
+            assert await holder.line() == {"released": True}
+            assert await asyncio.gather(*waiting) == [True, True]
+    said = [r for r in caplog.records if "no wake-up sockets" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert (cause == "path-too-long") == ("bytes" in said[0].getMessage())
