@@ -457,6 +457,7 @@ def _pct(values: list[float], q: float) -> float:
 def wake_comparison(
     trees: dict[str, str | None], tmp: str, slices: int, events: int, handoffs: int, idle: float
 ) -> None:
+    load_before = os.getloadavg()[0]
     delivery: dict[str, list[float]] = {label: [] for label in trees}
     handoff: dict[str, list[float]] = {label: [] for label in trees}
     labels = list(trees)
@@ -467,6 +468,7 @@ def wake_comparison(
             delivery[label] += role(src, "--delivery", db, str(events))["latencies"]
             handoff[label] += role(src, "--handoff", db, str(handoffs))["handoffs"]
     cpu = idle_cpu(trees, tmp, idle)
+    load_after = os.getloadavg()[0]
     print(
         f"wake-ups across processes ({slices} interleaved slices of {events} events and "
         f"{handoffs} hand-offs per tree; idle CPU of a subscriber over {idle:.0f} s, all trees at once):"
@@ -483,6 +485,7 @@ def wake_comparison(
             f"{statistics.median(h):13.2f} ms {_pct(h, 0.9):5.1f} ms {cpu[label] * 100:8.2f}%"
         )
     print("  goals: delivery p50 < 1 ms, p99 < 5 ms; hand-off median < 1 ms; idle < 0.2% of a core")
+    print(f"  load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
     if len(labels) == 2:
         old, new = labels
         ratio = statistics.median(delivery[old]) / statistics.median(delivery[new])

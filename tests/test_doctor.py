@@ -136,6 +136,17 @@ async def test_sqlite_permissions_and_durability(tmp_path: Path) -> None:
     assert not missing_dir.parent.exists()
 
 
+@pytest.mark.asyncio
+async def test_sqlite_wake_up_sockets_are_checked(tmp_path: Path) -> None:
+    found = await _findings(f"sqlite:///{tmp_path / 'leases.db'}")
+    assert found["wake-ups"].level == "ok"
+    deep = tmp_path / ("d" * max(1, 110 - len(str(tmp_path))))
+    deep.mkdir()
+    found = await _findings(f"sqlite:///{deep / 'leases.db'}")
+    assert found["wake-ups"].level == "warn"
+    assert "107 bytes" in found["wake-ups"].detail
+
+
 def test_the_filesystem_is_read_from_the_mount_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -159,7 +159,7 @@ class WakeChannel:
             if len(os.fsencode(self.path)) > _MAX_PATH:
                 raise OSError(
                     f"the socket path would be {len(os.fsencode(self.path))} bytes, "
-                    f"more than the {_MAX_PATH} a Unix-domain socket address holds"
+                    f"more than the {_MAX_PATH} bytes a Unix-domain socket address holds"
                 )
             os.makedirs(self.dir, exist_ok=True)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
