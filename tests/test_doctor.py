@@ -138,12 +138,12 @@ async def test_sqlite_permissions_and_durability(tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 async def test_sqlite_wake_up_sockets_are_checked(tmp_path: Path) -> None:
-    found = await _findings(f"sqlite:///{tmp_path / 'leases.db'}")
-    assert found["wake-ups"].level == "ok"
     deep = tmp_path / ("d" * max(1, 110 - len(str(tmp_path))))
-    deep.mkdir()
-    found = await _findings(f"sqlite:///{deep / 'leases.db'}")
-    assert found["wake-ups"].level == "warn"
+    for file, level in ((tmp_path / "leases.db", "ok"), (deep / "leases.db", "warn")):
+        async with tenure.from_url(f"sqlite:///{file}") as backend:
+            await backend.get_lease_owner("k")  # creates the file
+        found = await _findings(f"sqlite:///{file}")
+        assert found["wake-ups"].level == level
     assert "107 bytes" in found["wake-ups"].detail
 
 
