@@ -12,13 +12,14 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
 
 import pytest
 
 from tenure import Event
 from tenure.backends.sqlite import SqlitePubSub
-from tenure.backends.sqlite._wake import _QUEUE_LENGTH, PUBLISHED, WakeChannel
+from tenure.backends.sqlite._wake import _QUEUE_LENGTH, FREED, PUBLISHED, WakeChannel
 from tenure.testing import eventually
 
 from ..support.waiting import until_parked
@@ -96,6 +97,42 @@ async def test_eight_processes_are_all_woken_by_one_release(spawn: Spawner, db: 
         await backend.release_lease("k", "parent")
         for child in children:
             assert await child.line() == {"woken": True}
+
+
+@pytest.mark.asyncio
+async def test_a_sender_finds_a_socket_bound_after_its_last_send(spawn: Spawner, db: str) -> None:
+    async with SqlitePubSub(db) as backend:
+        await hold(backend, "k1")
+        await hold(backend, "k2")
+        first = await parked_waiter(spawn, db, "k1")
+        await backend.release_lease("k1", "parent")  # lists the directory: one socket
+        assert await first.line() == {"woken": True}
+        second = await parked_waiter(spawn, db, "k2")  # bound after that listing
+        await backend.release_lease("k2", "parent")
+        assert await second.line() == {"woken": True}
+
+
+@pytest.mark.asyncio
+async def test_a_forged_or_garbled_datagram_costs_a_look_and_decides_nothing(
+    spawn: Spawner, db: str
+) -> None:
+    holder = await spawn("holder", db, "k")
+    assert (await holder.line())["held"] is True
+    async with SqlitePubSub(db, poll_interval=float(NO_POLL)) as backend:
+        forger = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            waiting = asyncio.create_task(backend.wait_lease_released("k", timeout=60))
+            await until_parked(backend, "k")
+            target = backend._worker.wake.path
+            forger.sendto(b"?garbage", target)  # not understood: a look, which finds k held
+            forger.sendto(bytes((FREED,)) + b"k", target)  # a lie: wakes the waiter to look
+            assert await waiting is True
+            assert not (await backend.acquire_lease("k", "parent", 1000)).acquired
+        finally:
+            forger.close()
+        await holder.write("release\n")
+        assert await holder.line() == {"released": True}
+        assert (await backend.acquire_lease("k", "parent", 1000)).acquired
 
 
 @pytest.mark.asyncio
