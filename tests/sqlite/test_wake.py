@@ -45,19 +45,33 @@ async def hold(backend: SqlitePubSub, key: str) -> None:
     assert (await backend.acquire_lease(key, "parent", 60_000)).acquired
 
 
+async def child_holding(spawn: Spawner, db: str, key: str) -> Child:
+    holder = await spawn("holder", db, key)
+    assert (await holder.line())["held"] is True
+    return holder
+
+
+async def child_releases(holder: Child) -> None:
+    await holder.write("release\n")
+    assert await holder.line() == {"released": True}
+
+
+async def parked_here(backend: SqlitePubSub, key: str) -> asyncio.Task[bool]:
+    waiting = asyncio.create_task(backend.wait_lease_released(key, timeout=60))
+    await until_parked(backend, key)
+    return waiting
+
+
 @pytest.mark.asyncio
 async def test_a_release_in_another_process_wakes_a_waiter_through_its_socket(
     spawn: Spawner, db: str
 ) -> None:
-    holder = await spawn("holder", db, "k")
-    assert (await holder.line())["held"] is True
+    holder = await child_holding(spawn, db, "k")
     async with SqlitePubSub(db, poll_interval=float(NO_POLL)) as backend:
-        waiting = asyncio.create_task(backend.wait_lease_released("k", timeout=60))
-        await until_parked(backend, "k")
+        waiting = await parked_here(backend, "k")
         mine = backend._worker.wake.path
         assert mine in sockets(db)
-        await holder.write("release\n")
-        assert await holder.line() == {"released": True}
+        await child_releases(holder)
         assert await waiting is True
     assert mine not in sockets(db)  # closing removes the socket
 
@@ -116,13 +130,11 @@ async def test_a_sender_finds_a_socket_bound_after_its_last_send(spawn: Spawner,
 async def test_a_forged_or_garbled_datagram_costs_a_look_and_decides_nothing(
     spawn: Spawner, db: str
 ) -> None:
-    holder = await spawn("holder", db, "k")
-    assert (await holder.line())["held"] is True
+    holder = await child_holding(spawn, db, "k")
     async with SqlitePubSub(db, poll_interval=float(NO_POLL)) as backend:
         forger = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            waiting = asyncio.create_task(backend.wait_lease_released("k", timeout=60))
-            await until_parked(backend, "k")
+            waiting = await parked_here(backend, "k")
             target = backend._worker.wake.path
             forger.sendto(b"?garbage", target)  # not understood: a look, which finds k held
             forger.sendto(bytes((FREED,)) + b"k", target)  # a lie: wakes the waiter to look
@@ -130,8 +142,7 @@ async def test_a_forged_or_garbled_datagram_costs_a_look_and_decides_nothing(
             assert not (await backend.acquire_lease("k", "parent", 1000)).acquired
         finally:
             forger.close()
-        await holder.write("release\n")
-        assert await holder.line() == {"released": True}
+        await child_releases(holder)
         assert (await backend.acquire_lease("k", "parent", 1000)).acquired
 
 
@@ -174,15 +185,12 @@ async def test_a_release_dropped_by_a_full_queue_is_found_when_the_receiver_read
 async def test_a_socket_removed_behind_its_back_is_covered_by_the_safety_poll_and_bound_again(
     spawn: Spawner, db: str
 ) -> None:
-    holder = await spawn("holder", db, "k")
-    assert (await holder.line())["held"] is True
+    holder = await child_holding(spawn, db, "k")
     async with SqlitePubSub(db) as backend:
-        waiting = asyncio.create_task(backend.wait_lease_released("k", timeout=60))
-        await until_parked(backend, "k")
+        waiting = await parked_here(backend, "k")
         lost = backend._worker.wake.path
         os.unlink(lost)  # the release's datagram now goes nowhere
-        await holder.write("release\n")
-        assert await holder.line() == {"released": True}
+        await child_releases(holder)
         assert await waiting is True
         await eventually(lambda: backend._worker.wake.path in sockets(db), timeout=30)
         assert backend._worker.wake.path != lost
@@ -200,17 +208,11 @@ async def test_without_sockets_waiters_are_woken_by_polling_and_the_log_says_so_
     else:
         db = str(tmp_path / "shared.db")
         Path(db + ".tenure-wake").write_text("in the way")  # noqa: ASYNC240 - one tiny file
-    holder = await spawn("holder", db, "k")
-    assert (await holder.line())["held"] is True
+    holder = await child_holding(spawn, db, "k")
     with caplog.at_level(logging.WARNING, logger="tenure.sqlite"):
         async with SqlitePubSub(db) as first, SqlitePubSub(db) as second:
-            waiting = [
-                asyncio.create_task(b.wait_lease_released("k", timeout=60)) for b in (first, second)
-            ]
-            await until_parked(first, "k")
-            await until_parked(second, "k")
-            await holder.write("release\n")
-            assert await holder.line() == {"released": True}
+            waiting = [await parked_here(b, "k") for b in (first, second)]
+            await child_releases(holder)
             assert await asyncio.gather(*waiting) == [True, True]
     said = [r for r in caplog.records if "no wake-up sockets" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in said]
