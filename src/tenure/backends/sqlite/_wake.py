@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -29,7 +30,7 @@ SAFETY_POLL = 0.5
 
 # sockaddr_un.sun_path holds 108 bytes on Linux (104 on macOS), one of them the
 # terminating NUL.
-_MAX_PATH = 103 if os.uname().sysname == "Darwin" else 107
+_MAX_PATH = 103 if sys.platform == "darwin" else 107
 # A listing taken within this long of the directory's mtime may miss an entry
 # made in the same timestamp tick (coarse clocks, 1 s or 2 s file systems);
 # it is taken again until it is older.
