@@ -318,8 +318,8 @@ def tree_env(src: str | None) -> dict[str, str]:
 def role(src: str | None, *args: str) -> dict[str, Any]:
     """Run ``sqlite.py --ROLE ARGS`` on the tree ``src``; its last stdout line, as JSON."""
     out = subprocess.run(
-        [sys.executable, __file__, *args], env=tree_env(src), capture_output=True, check=True
-    ).stdout
+        [sys.executable, __file__, *args], env=tree_env(src), stdout=subprocess.PIPE, check=True
+    ).stdout  # its stderr shows, should it fail
     doc: dict[str, Any] = json.loads(out.decode().splitlines()[-1])
     return doc
 
