@@ -130,6 +130,21 @@ async def waiter(db: str, key: str, poll_interval: str) -> None:
         say(woken=await waiting)
 
 
+async def forking_waiter(db: str, key: str) -> None:
+    """Wait for ``key`` (listening), then fork a child that sleeps; report its pid."""
+    async with SqlitePubSub(db, poll_interval=3600) as backend:
+        waiting = asyncio.create_task(backend.wait_lease_released(key, timeout=60))
+        await eventually(lambda: backend._waiters.parked(key) == 1, timeout=30)
+        pid = os.fork()
+        if pid == 0:  # the forked child: outlives its parent, does nothing
+            quiet = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1):  # the parent's pipes close when the parent dies
+                os.dup2(quiet, fd)
+            signal.pause()
+        say(parked=True, socket=backend._worker.wake.path, forked=pid)
+        await waiting
+
+
 async def publisher(db: str, topic: str) -> None:
     """Publish one event on ``topic`` for each line read on stdin; report its id."""
     async with SqlitePubSub(db) as backend:
@@ -165,6 +180,8 @@ def main() -> None:
         asyncio.run(holder(db, args[0]))
     elif mode == "waiter":
         asyncio.run(waiter(db, args[0], args[1]))
+    elif mode == "forking-waiter":
+        asyncio.run(forking_waiter(db, args[0]))
     elif mode == "publisher":
         asyncio.run(publisher(db, args[0]))
     elif mode == "lock-and-stop":

@@ -164,6 +164,24 @@ async def test_the_socket_of_a_killed_process_is_removed_and_the_others_still_wo
 
 
 @pytest.mark.asyncio
+async def test_the_socket_of_a_killed_process_is_removed_while_its_forked_child_lives(
+    spawn: Spawner, db: str
+) -> None:
+    async with SqlitePubSub(db) as backend:
+        await hold(backend, "k")
+        parent = await spawn("forking-waiter", db, "k")
+        doc = await parent.line()
+        try:
+            parent.send(signal.SIGKILL)
+            await parent.wait()
+            assert doc["socket"] in sockets(db)
+            await backend.release_lease("k", "parent")
+            assert doc["socket"] not in sockets(db)  # refused: the child kept no copy open
+        finally:
+            os.kill(doc["forked"], signal.SIGKILL)
+
+
+@pytest.mark.asyncio
 async def test_a_release_dropped_by_a_full_queue_is_found_when_the_receiver_reads_again(
     spawn: Spawner, db: str
 ) -> None:

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,6 +74,30 @@ def _nothing(messages: list[bytes]) -> None:
     pass
 
 
+# The channels listening in this process, for the fork handler below.
+_listening: weakref.WeakSet[WakeChannel] = weakref.WeakSet()
+
+
+def _close_in_child() -> None:
+    """In a child made by ``fork()``: close the copies of the parent's listening sockets.
+
+    The parent goes on listening on them. A copy left open here would keep the
+    socket of a killed parent bound: sends to it would queue up instead of
+    being refused, and it would never be removed. The file is not unlinked:
+    it is the parent's. (The backends themselves are closed in the child by
+    :mod:`tenure.backends._core`.)
+    """
+    for channel in list(_listening):
+        sock = channel._receiver
+        channel._receiver = channel._loop = None
+        channel.unavailable = "inherited across fork()"
+        if sock is not None:
+            sock.close()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
 class WakeChannel:
     """Tell the other instances using a database file that something changed in it.
 
@@ -107,8 +132,10 @@ class WakeChannel:
     (``PRAGMA data_version`` every :data:`SAFETY_POLL` seconds, run by the
     backend): late, never lost. A socket file removed behind its owner's back
     (a clean-up of the directory) is noticed by that poll (:meth:`check`) and
-    bound again under a new name. Datagrams are hints: one makes an instance
-    look, never decides anything, and a forged one costs a look.
+    bound again under a new name. A child made by ``fork()`` closes its
+    copies of the parent's sockets, so a killed parent's socket is refused
+    and removed even while its children live. Datagrams are hints: one makes
+    an instance look, never decides anything, and a forged one costs a look.
 
     **One socket per instance,** not per process: each instance listens on
     its own event loop (instances of one process may run on different loops
@@ -180,6 +207,7 @@ class WakeChannel:
                 os.unlink(self.path)
             return self._unavailable(f"the event loop {type(loop).__name__} has no add_reader")
         self._receiver, self._loop, self._on_wake = sock, loop, on_wake
+        _listening.add(self)
         return True
 
     def check(self) -> None:
@@ -232,6 +260,7 @@ class WakeChannel:
         """Stop listening and remove the socket; from the loop's thread, or any once the loop is closed."""
         sock, loop = self._receiver, self._loop
         self._receiver = self._loop = None
+        _listening.discard(self)
         if sock is None:
             return
         with contextlib.suppress(OSError):
