@@ -16,13 +16,14 @@ import sqlite3
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..._errors import BackendUnavailable
 from ..._pubsub import Event
 from .._claimed import ClaimedEvents, ClaimGroup, Outcome
 from ._connection import Connected, Options, load_sql, write
+from ._wake import PUBLISHED
 
 __all__ = ["EventLog", "SqliteEvents"]
 
@@ -80,10 +81,13 @@ class EventLog:
     heartbeat keeps it for ``alive_for`` seconds. Times are ``time.time()``.
     """
 
-    def __init__(self, opts: Options, consumer: str, alive_for: float) -> None:
+    def __init__(
+        self, opts: Options, consumer: str, alive_for: float, ring: Callable[[int, bytes], None]
+    ) -> None:
         self.opts = opts
         self.consumer = consumer
         self.alive_for = alive_for
+        self.ring = ring  # wakes the other instances of the file after a publish
         self.next_prune = 0.0
 
     def publish(
@@ -99,6 +103,8 @@ class EventLog:
             now = time.time()
             if now >= self.next_prune:
                 self.prune(conn, now)
+        if stored:
+            self.ring(PUBLISHED, topic)
         return first
 
     def prune(self, conn: sqlite3.Connection, now: float) -> None:
@@ -282,7 +288,7 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
 
     def _init_events(self, consumer: str, alive_for: float) -> None:
         self._init_claimed(self._opts, consumer)
-        self._log = EventLog(self._opts, consumer, alive_for)
+        self._log = EventLog(self._opts, consumer, alive_for, self._worker.wake.ring)
         # The newest event id seen; change detection looks for events after it.
         self._last_event_id: int | None = None
         self._acks_running = False
@@ -309,6 +315,8 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
         )
 
     async def _join(self, topic: str, group: str | None) -> _Group:
+        # Listening first: a publish committed after the reads below rings this instance.
+        self._worker.listen()
         # Change detection looks for events after the newest one at the first subscribe.
         if self._last_event_id is None:
             self._last_event_id = await self._run(self._log.last_event)
