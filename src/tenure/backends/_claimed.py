@@ -140,8 +140,6 @@ class ClaimedEvents(PubSub, Generic[_G]):
 
     _task_prefix: ClassVar[str]  # "tenure-<backend>"
     _logger: ClassVar[logging.Logger]
-    # Whether the takes honour LeaseFence (the backend declares FENCED_TAKES).
-    _fenced_takes: ClassVar[bool] = False
 
     if TYPE_CHECKING:
 
@@ -233,12 +231,11 @@ class ClaimedEvents(PubSub, Generic[_G]):
 
         With ``group``, join that durable group (created if it does not exist
         yet, in any process); members compete for its events. With ``fence``
-        (where ``Capability.FENCED_TAKES`` is declared), events are taken for
-        this subscription only while that lease is held (see :class:`~tenure.LeaseFence`).
+        (``Capability.FENCED_TAKES``: the backend's takes check it), events are
+        taken for this subscription only while that lease is held (see
+        :class:`~tenure.LeaseFence`).
         """
         check_subscribe(topic, callback, group, fence)
-        if fence is not None and not self._fenced_takes:
-            raise InvalidArgument(f"{type(self).__name__} does not take events under a fence")
         self._check_open()
         groups, slot = join_slot(self._topics, topic, callback, group)
         target = groups.get(slot)

@@ -55,7 +55,6 @@ class PostgresEvents(ClaimedEvents[_Group]):
     """Pub/sub on the event tables: the event-loop side (mixed into :class:`PostgresPubSub`)."""
 
     _task_prefix = "tenure-postgres"
-    _fenced_takes = True
     _logger = logger
     _conn: PgConnection
     _closed: bool

@@ -241,7 +241,7 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     may drop the events kept for deduplication before ``dedupe_window``.
     """
 
-    capabilities = LEASE_CAPABILITIES | Capability.RUNTIME_LOG
+    capabilities = LEASE_CAPABILITIES | Capability.RUNTIME_LOG | Capability.FENCED_TAKES
 
     def __init__(
         self,
