@@ -46,6 +46,8 @@ _SCHEMES: dict[str, _Scheme] = {
     "rediss": _Scheme("tenure.backends.redis", "RedisStreamsPubSub", "redis", "redis"),
     "postgresql": _Scheme("tenure.backends.postgres", "PostgresPubSub", "postgres", "psycopg"),
     "postgres": _Scheme("tenure.backends.postgres", "PostgresPubSub", "postgres", "psycopg"),
+    "etcd": _Scheme("tenure.backends.etcd", "EtcdLeases", "etcd", "aetcd"),
+    "etcds": _Scheme("tenure.backends.etcd", "EtcdLeases", "etcd", "aetcd"),
 }
 
 
