@@ -12,10 +12,11 @@ directory, and waits until the cluster has a leader::
         cluster.restart_all()                  # every member killed, then started
 
 With ``proxied=True`` every member advertises its peer address through a
-:class:`safety.proxy.Proxy` (run by the caller's event loop, see
-:meth:`EtcdCluster.start_proxies`), so ``cluster.peer_proxy(i).set_mode("blackhole")``
-cuts what the other members send to member ``i`` and what it sends them
-over their streams: a partition of that member.
+:class:`safety.proxy.Proxy` (on an event loop of its own, in a thread), so
+``cluster.partition(i)`` black-holes every peer connection made to member
+``i``: what it sends over them (its appends and heartbeats, its votes and
+forwarded proposals) is lost, and it cannot commit anything;
+``cluster.heal(i)`` ends it.
 
 :func:`shared_etcd` is one node per test process, started at first use and
 killed at exit, for the contract suite and the tests parametrized over
@@ -28,6 +29,7 @@ fail, they never skip.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import json
@@ -36,8 +38,10 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -79,7 +83,8 @@ class EtcdCluster:
         self.dir = Path(tempfile.mkdtemp(prefix="tenure-etcd-"))
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
         self._proxies: list[Proxy] = []
-        self._started_once = [False] * size
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     # -- addresses -----------------------------------------------------------------
 
@@ -152,8 +157,7 @@ class EtcdCluster:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            self._started_once[i] = True
-        if wait and not self.proxied:
+        if wait:
             self.wait_ready()
 
     def _status(self, index: int, timeout: float = 1.0) -> dict[str, Any]:
@@ -247,48 +251,78 @@ class EtcdCluster:
         for i in range(self.size):
             self.kill(i)
         self.start()
-        if self.proxied:
-            self.wait_ready()
 
     # -- peer proxies ----------------------------------------------------------------
 
-    async def start_proxies(self) -> None:
-        """Start the peer proxies (``proxied=True``) in the running loop, then wait for a leader.
-
-        Blocking waits are run in a thread so the loop keeps forwarding.
-        """
-        import asyncio
-
+    def _start_proxies(self) -> None:
+        """The peer proxies, on an event loop of their own in a thread, so that
+        the blocking calls of this class (and of tests) never stall them."""
         from safety.proxy import Proxy
 
-        for i in range(self.size):
-            proxy = Proxy(
-                "127.0.0.1", self.peer_ports[i], listen_port=self.advertised_peer_ports[i]
-            )
-            self._proxies.append(await proxy.start())
-        if not any(self.running(i) for i in range(self.size)):
-            self.start(wait=False)
-        await asyncio.to_thread(self.wait_ready)
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="etcd-peer-proxies", daemon=True)
+        thread.start()
+        self._loop, self._thread = loop, thread
 
-    def peer_proxy(self, index: int) -> Proxy:
-        return self._proxies[index]
+        async def start() -> list[Proxy]:
+            return [
+                await Proxy(
+                    "127.0.0.1", self.peer_ports[i], listen_port=self.advertised_peer_ports[i]
+                ).start()
+                for i in range(self.size)
+            ]
 
-    async def stop_proxies(self) -> None:
-        for proxy in self._proxies:
-            await proxy.aclose()
+        self._proxies = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+
+    def _in_proxy_loop(self, work: Callable[[], None]) -> None:
+        assert self._loop is not None, "the cluster is not proxied"
+
+        async def run() -> None:
+            work()
+
+        asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    def partition(self, index: int) -> None:
+        """Cut member ``index`` off from the others (its peer proxy black-holes)."""
+        self._in_proxy_loop(lambda: self._proxies[index].set_mode("blackhole"))
+
+    def heal(self, index: int) -> None:
+        self._in_proxy_loop(lambda: self._proxies[index].set_mode("pass"))
+
+    def _stop_proxies(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+
+        async def stop() -> None:
+            for proxy in self._proxies:
+                await proxy.aclose()
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+        loop.close()
         self._proxies.clear()
 
     # -- context -------------------------------------------------------------------
 
     def close(self) -> None:
-        """Kill every member and remove the data directory."""
+        """Kill every member, stop the proxies and remove the data directory."""
         for i in range(self.size):
             self.kill(i)
+        self._stop_proxies()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> Self:
-        if not self.proxied:
+        try:
+            if self.proxied:
+                self._start_proxies()
             self.start()
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def __exit__(
