@@ -4,6 +4,7 @@ clean-up leases, the watch, and its refusal by the runtime and the demo."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -115,3 +116,28 @@ async def test_the_runtime_refuses_etcd(backend: EtcdLeases) -> None:
 
     with pytest.raises(tenure.ConfigurationError, match=r"Capability\.EVENTS"):
         tenure.ThreadRuntime(backend, handler)
+
+
+@pytest.mark.asyncio
+async def test_a_client_clock_stepped_ahead_ends_a_lease_early_and_fencing_covers_it(
+    unique: str,
+) -> None:
+    """The limit the docstring states: deadlines are on the clients' wall clocks.
+    A client whose clock was stepped 60 s ahead takes a 30 s lease at once, but
+    with a higher token, and the old holder learns of the loss at its next renewal."""
+    url = f"{shared_etcd().url}?prefix=tenure-test-{unique}/"
+    ahead = 60.0
+    async with (
+        tenure.from_url(url) as holder,
+        tenure.from_url(url, clock=lambda: time.time() + ahead) as stepped,
+    ):
+        granted = await holder.acquire_lease("k", "holder", 30_000)
+        taken = await stepped.acquire_lease("k", "stepped", 30_000)
+        assert taken.acquired and taken.token is not None and granted.token is not None
+        assert taken.token > granted.token
+        assert await holder.renew_lease("k", "holder", 30_000) is False
+        # The stepped client wrote its deadline on its own clock: to the others
+        # the lease now lasts 60 s longer than asked.
+        record = await holder.get_lease("k")
+        assert record is not None and record.owner == "stepped"
+        assert record.ttl_ms > 30_000 + ahead * 1000 * 0.9

@@ -63,6 +63,10 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _ms_of(clock: Callable[[], float]) -> Callable[[], int]:
+    return lambda: int(clock() * 1000)
+
+
 # The token field of a new owner's write: its token is the mod_revision of that
 # very write. "00" marks a transfer, which wakes a waiter (a grant does not).
 _GRANT, _TRANSFER = b"0", b"00"
@@ -101,8 +105,8 @@ class _Write:
         self.name, self.owner, self.token, self.ttl_ms = name, owner, token, ttl_ms
         self.value = b""
 
-    def op(self, gc_lease: int) -> Any:
-        self.value = _encode(self.token, _wall_ms() + self.ttl_ms, self.owner)
+    def op(self, gc_lease: int, now_ms: int) -> Any:
+        self.value = _encode(self.token, now_ms + self.ttl_ms, self.owner)
         return rpc.RequestOp(
             request_put=rpc.PutRequest(key=self.name, value=self.value, lease=gc_lease)
         )
@@ -129,21 +133,30 @@ class EtcdLeases(LeaseCore):
     A renew or same-owner re-acquire writes the token it keeps into the
     value.
 
-    **Expiry and its clock.** etcd leases count whole seconds with a server
-    minimum (1.5 election timeouts, rounded up to a second) and have no
-    millisecond clock, so expiry is the deadline (``now + ttl_ms``) that each
-    write stores in the value, on the writing client's wall clock
-    (``time.time()``), and compared with the reading client's. A lease
-    therefore never lives shorter than ``ttl_ms`` *provided the clients'
-    clocks agree* (NTP): a client whose clock runs ``δ`` ahead of the
-    holder's sees its lease end ``δ`` early, and a clock stepped forward
-    ends leases early for that client. Fencing tokens stay correct through
-    any clock error. The key itself is attached to an etcd lease of
-    ``2·⌈ttl_ms/1000⌉ + 1`` seconds (one shared by this process's writes of
-    similar TTL, never one that could end before the deadline), so etcd
-    deletes a lease its owner forgot at most that long (plus one election
-    per leader change) after its deadline; until then it is only a record
-    that every reader treats as free.
+    **Expiry and its clock.** etcd's own leases count whole seconds, with a
+    server minimum of 1.5 election timeouts rounded up to a second (2 s with
+    etcd's defaults), and etcd offers no millisecond clock. So expiry is the
+    deadline (``now + ttl_ms``) that each write stores in the value, on the
+    writing client's wall clock (``time.time()``, or ``clock``), compared
+    with the reading client's. There is no TTL floor: ``ttl_ms`` is honoured
+    to the millisecond, from 1 ms, as on every backend. A lease never lives
+    shorter than ``ttl_ms`` *provided the clients' clocks agree* (NTP): a
+    client whose clock runs ``δ`` ahead of the holder's sees the lease end
+    ``δ`` early and may be granted it then (with a higher token, so fencing
+    still rejects the old holder's writes), and a clock stepped forward does
+    the same for that client; the leases it writes then last ``δ`` longer
+    for the others. This is the one place where this backend
+    trusts clocks of clients rather than a server. The key itself is
+    attached to an etcd lease of ``2·⌈ttl_ms/1000⌉ + 1`` seconds (shared by
+    this process's writes of the same length, and never one that could end
+    before the deadline), so etcd deletes a lease its owner forgot at most
+    that long after its deadline, plus up to one election timeout per leader
+    change (a new leader restarts the countdown); until then the stored
+    record is only a record, which every reader treats as free.
+
+    **Compaction.** Every renewal is a write, and etcd keeps old revisions
+    until they are compacted: run etcd with ``--auto-compaction-retention``
+    (as Kubernetes does), or its database grows without bound.
 
     **Failures.** Calls that fail or take longer than ``timeout`` (default
     5 s) raise :class:`BackendUnavailable`; the outcome is then unknown
@@ -154,9 +167,10 @@ class EtcdLeases(LeaseCore):
     answer (etcd refuses rather than serve a stale state).
 
     **Waiting.** One etcd ``watch`` on the key prefix per backend (created
-    with ``require leader``): a deletion (release, revocation, clean-up) or a
-    new grant or transfer of a key wakes one local waiter; a broken watch
-    wakes every waiter.
+    with ``require leader``, so a member cut off from the leader ends it): a
+    deletion (release, revocation, clean-up of a forgotten lease) or a
+    transfer of a key wakes one local waiter (a grant or renewal wakes
+    nobody); a broken watch wakes every waiter.
 
     **Events.** etcd is not a queue: this backend carries leases only (no
     ``Capability.EVENTS``), and :class:`~tenure.runtime.ThreadRuntime` and
@@ -176,6 +190,7 @@ class EtcdLeases(LeaseCore):
         ca: str | None = None,
         cert: str | None = None,
         key: str | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if not isinstance(prefix, str) or not prefix:
             raise ConfigurationError(f"prefix must be a non-empty str, got {prefix!r}")
@@ -192,6 +207,8 @@ class EtcdLeases(LeaseCore):
             list(endpoints), timeout=float(timeout), tls=tls, ca=ca, cert=cert, key=key
         )
         self._timeout = float(timeout)
+        # The wall clock of the deadlines, in ms (injectable: a test steps it).
+        self._now_ms = _wall_ms if clock is None else _ms_of(clock)
         # What this backend last wrote per key: a renew or release of it needs no read first.
         self._seen: OrderedDict[bytes, _Seen] = OrderedDict()
         # etcd leases for clean-up, by length in seconds: (id, local time it may end).
@@ -207,8 +224,11 @@ class EtcdLeases(LeaseCore):
         List every member (or several): calls go round robin to those that
         answer. Options: ``prefix`` (of every key, default ``tenure/``),
         ``max_ttl_ms``, ``timeout`` (seconds per call, default 5), and for
-        ``etcds://`` the files ``ca``, ``cert`` and ``key``. Keyword
-        ``options`` override the query. Nothing is connected until first use.
+        ``etcds://`` the files ``ca`` (the CA to trust; the system's by
+        default), ``cert`` and ``key`` (a client certificate). Keyword
+        ``options`` override the query, and add ``clock`` (a function
+        returning the wall-clock time in seconds, ``time.time`` by default).
+        Nothing is connected until first use.
         """
         endpoints, ours = parse_url(url, options)
         return cls(endpoints, **ours)
@@ -260,7 +280,7 @@ class EtcdLeases(LeaseCore):
         seen = guess
         for _ in range(_MAX_TRIES):
             lease = None if seen is None else _decode(seen)
-            action, result = decide(lease, _wall_ms())
+            action, result = decide(lease, self._now_ms())
             if action is None:
                 if guessed:
                     seen, guessed = await self._get(op, name), False
@@ -287,7 +307,7 @@ class EtcdLeases(LeaseCore):
     async def _txn(self, op: str, compare: Any, action: Any, name: bytes) -> Any:
         write = isinstance(action, _Write)
         if isinstance(action, _Write):
-            action = action.op(await self._gc_lease(action.ttl_ms))
+            action = action.op(await self._gc_lease(action.ttl_ms), self._now_ms())
         request = rpc.TxnRequest(
             compare=[compare],
             success=[action],
@@ -362,7 +382,7 @@ class EtcdLeases(LeaseCore):
         lease = None if seen is None else _decode(seen)
         if lease is None:
             return None
-        left = lease.deadline_ms - _wall_ms()
+        left = lease.deadline_ms - self._now_ms()
         if left <= 0:
             return None
         return LeaseRecord(lease.owner, lease.token, left)
@@ -448,7 +468,7 @@ class EtcdLeases(LeaseCore):
             if unread:
                 states.update(await self._get_many(unread))
                 fresh.update(dict.fromkeys(unread, True))
-            now = _wall_ms()
+            now = self._now_ms()
             writes: list[_Write] = []
             unread = []
             for name in pending:
@@ -501,7 +521,9 @@ class EtcdLeases(LeaseCore):
                     key=write.name, target=_MOD, result=_EQUAL, mod_revision=seen.mod_revision
                 )
                 reread = rpc.RequestOp(request_range=rpc.RangeRequest(key=write.name))
-                inner = rpc.TxnRequest(compare=[compare], success=[write.op(gc)], failure=[reread])
+                inner = rpc.TxnRequest(
+                    compare=[compare], success=[write.op(gc, self._now_ms())], failure=[reread]
+                )
                 nested.append(rpc.RequestOp(request_txn=inner))
             try:
                 reply = await self._call(
@@ -538,7 +560,7 @@ class EtcdLeases(LeaseCore):
                 self._ch.kv.Range,
                 rpc.RangeRequest(key=start, range_end=high, limit=PAGE),
             )
-            now = _wall_ms()
+            now = self._now_ms()
             page = []
             for kv in reply.kvs:
                 lease = _decode(_Seen(kv.value, kv.mod_revision))
