@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -70,8 +71,17 @@ def _binary() -> str:
 class EtcdCluster:
     """``size`` etcd members owned by a test (one by default)."""
 
-    def __init__(self, size: int = 1, *, proxied: bool = False, start_timeout: float = 20.0):
+    def __init__(
+        self,
+        size: int = 1,
+        *,
+        proxied: bool = False,
+        tls: tuple[Path, Path, Path] | None = None,
+        start_timeout: float = 20.0,
+    ):
+        """``tls``: (certificate, key, CA) files: clients then talk TLS (``etcds://``)."""
         self.size = size
+        self.tls = tls
         self.proxied = proxied
         self.start_timeout = start_timeout
         self.client_ports = [free_port() for _ in range(size)]
@@ -114,9 +124,16 @@ class EtcdCluster:
             f"{self._name(i)}=http://127.0.0.1:{self.advertised_peer_ports[i]}"
             for i in range(self.size)
         )
-        client = f"http://127.0.0.1:{self.client_ports[index]}"
+        scheme = "https" if self.tls else "http"
+        client = f"{scheme}://127.0.0.1:{self.client_ports[index]}"
+        tls = (
+            []
+            if self.tls is None
+            else ["--cert-file", str(self.tls[0]), "--key-file", str(self.tls[1])]
+        )
         return [
             _binary(),
+            *tls,
             "--name",
             self._name(index),
             "--data-dir",
@@ -161,10 +178,12 @@ class EtcdCluster:
             self.wait_ready()
 
     def _status(self, index: int, timeout: float = 1.0) -> dict[str, Any]:
+        scheme = "https" if self.tls else "http"
         request = urllib.request.Request(
-            f"http://{self.endpoints[index]}/v3/maintenance/status", data=b"{}", method="POST"
+            f"{scheme}://{self.endpoints[index]}/v3/maintenance/status", data=b"{}", method="POST"
         )
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
+        context = None if self.tls is None else ssl.create_default_context(cafile=self.tls[2])
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as reply:
             status: dict[str, Any] = json.loads(reply.read())
         return status
 
