@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +36,25 @@ _DEFAULT_PORT = 2379
 # etcd refuses pings more often than --grpc-keepalive-min-time (5 s by default).
 _KEEPALIVE_MS = 5000
 _KEEPALIVE_TIMEOUT_MS = 2000
+
+
+# gRPC's core (its threads, its poller) does not survive fork(): a child of a
+# process that made a channel crashes on its first call. Such a child gets a
+# clear error instead. The pid of the first process that made a channel:
+_grpc_used_by: int | None = None
+
+
+def _check_not_forked() -> None:
+    global _grpc_used_by
+    if _grpc_used_by is None:
+        _grpc_used_by = os.getpid()
+    elif _grpc_used_by != os.getpid():
+        raise ConfigurationError(
+            f"this process was forked from process {_grpc_used_by}, which had used etcd: gRPC "
+            "(the etcd client) cannot work in such a child. Start workers with the 'spawn' or "
+            "'forkserver' method (multiprocessing.set_start_method), or fork before the "
+            "first etcd call"
+        )
 
 
 def _path(text: str) -> str:
@@ -170,6 +190,7 @@ class EtcdChannel:
         """Build the channel and its stubs: KV, Lease, Watch."""
         if self._stubs is not None:
             return self._stubs
+        _check_not_forked()
         target, name = _target(self.endpoints)
         options: list[tuple[str, Any]] = [
             ("grpc.lb_policy_name", "round_robin"),

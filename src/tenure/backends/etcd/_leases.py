@@ -172,6 +172,12 @@ class EtcdLeases(LeaseCore):
     transfer of a key wakes one local waiter (a grant or renewal wakes
     nobody); a broken watch wakes every waiter.
 
+    **fork().** gRPC's core does not survive ``fork()``: in a child of a
+    process that had used etcd, every etcd backend (inherited, rebuilt by
+    ``tenure.sync``, or new) raises :class:`ConfigurationError` naming the
+    fix (start workers with ``spawn`` or ``forkserver``, or fork before the
+    first etcd call) instead of crashing.
+
     **Events.** etcd is not a queue: this backend carries leases only (no
     ``Capability.EVENTS``), and :class:`~tenure.runtime.ThreadRuntime` and
     ``tenure demo`` refuse it with :class:`ConfigurationError`.
