@@ -47,7 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from .redis_server import free_port
+from .redis_server import end_process, free_port
 
 if TYPE_CHECKING:
     from safety.proxy import Proxy
@@ -240,18 +240,7 @@ class EtcdCluster:
         self._signal_and_wait(index, signal.SIGTERM)
 
     def _signal_and_wait(self, index: int, sig: signal.Signals) -> None:
-        proc = self.processes[index]
-        if proc is None or proc.poll() is not None:
-            self.processes[index] = None
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.send_signal(sig)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        end_process(self.processes[index], sig)
         self.processes[index] = None
 
     def pause(self, index: int) -> None:
