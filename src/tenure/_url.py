@@ -253,7 +253,7 @@ def from_url(url: str | None = None, **options: Any) -> Backend:
     """Build the backend for ``url``.
 
     Schemes: ``memory://``, ``sqlite:///path``, ``redis://``, ``rediss://``,
-    ``postgresql://``. With no URL, :func:`default_url` decides. Keyword
+    ``postgresql://``, ``etcd://``, ``etcds://`` (leases only). With no URL, :func:`default_url` decides. Keyword
     options go to the backend's constructor. The result is an async context
     manager; nothing is connected until it is first used. Its
     ``capabilities`` say what it offers beyond the lease methods; for the

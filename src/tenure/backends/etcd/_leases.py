@@ -251,7 +251,8 @@ class EtcdLeases(LeaseCore):
     async def _call(self, op: str, method: Any, request: Any, **kwargs: Any) -> Any:
         self._check_open()
         with self._ch.errors(op):
-            return await method(request, timeout=self._timeout, **kwargs)
+            # A member that knows no leader answers at once instead of at the time-out.
+            return await method(request, timeout=self._timeout, metadata=_LEADER_ONLY, **kwargs)
 
     async def _get(self, op: str, name: bytes) -> _Seen | None:
         reply = await self._call(op, self._ch.kv.Range, rpc.RangeRequest(key=name))
