@@ -13,7 +13,7 @@ import pytest_asyncio
 import tenure
 from tenure.backends.etcd import EtcdLeases
 from tenure.cli import main
-from tests.support.etcd_server import shared_etcd
+from tests.support.etcd_server import EtcdCluster, shared_etcd
 from tests.support.waiting import until_parked
 
 
@@ -141,3 +141,19 @@ async def test_a_client_clock_stepped_ahead_ends_a_lease_early_and_fencing_cover
         record = await holder.get_lease("k")
         assert record is not None and record.owner == "stepped"
         assert record.ttl_ms > 30_000 + ahead * 1000 * 0.9
+
+
+@pytest.mark.asyncio
+async def test_doctor_warns_of_a_single_member_and_of_members_missing_from_the_url() -> None:
+    with EtcdCluster(size=3) as cluster:
+        async with EtcdLeases.from_url(cluster.member_url(0)) as partial:
+            found = {f.check: f for f in await partial.diagnose()}
+        async with EtcdLeases.from_url(cluster.url) as full:
+            healthy = {f.check: f for f in await full.diagnose()}
+    assert found["endpoints"].level == "warn" and "lists 1 of 3" in found["endpoints"].detail
+    assert healthy["members"].level == "ok" and "1 may fail" in healthy["members"].detail
+    assert "endpoints" not in healthy
+    assert healthy["alarms"].level == "ok" and healthy["server"].detail.startswith("etcd 3.")
+    async with EtcdLeases.from_url(shared_etcd().url) as single:
+        alone = {f.check: f for f in await single.diagnose()}
+    assert alone["members"].level == "warn" and "1 voting member" in alone["members"].detail

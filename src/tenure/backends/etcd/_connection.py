@@ -218,6 +218,11 @@ class EtcdChannel:
         self._stubs = (rpc.KVStub(channel), rpc.LeaseStub(channel), rpc.WatchStub(channel))
         return self._stubs
 
+    def stub(self, kind: Callable[[Any], Any]) -> Any:
+        """Another stub of ``aetcd.rpc`` on the same channel (for ``tenure doctor``)."""
+        self.open()
+        return kind(self._channel)
+
     @contextmanager
     def errors(self, op: str) -> Iterator[None]:
         """gRPC's errors (and time-outs) as :class:`BackendUnavailable`, from the original."""

@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from ..._contract import AcquireResult, LeaseRecord
+from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError, InvalidArgument
 from ..._validate import MAX_TTL_MS
 from .._core import EXTEND, GRANT, LEASE_CAPABILITIES, PAGE, LeaseCore, acquire_step, holds
@@ -552,6 +553,12 @@ class EtcdLeases(LeaseCore):
                     kvs = inner_reply.responses[0].response_range.kvs
                     outcome[write.name] = _Seen(kvs[0].value, kvs[0].mod_revision) if kvs else None
         return done, outcome
+
+    async def diagnose(self) -> list[Finding]:
+        """What ``tenure doctor`` reports about this cluster (:mod:`tenure._doctor`)."""
+        from ._doctor import diagnose
+
+        return await diagnose(self)
 
     # -- operations ----------------------------------------------------------------------
 
