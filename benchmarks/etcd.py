@@ -15,11 +15,16 @@ client (aetcd's generated stubs on one gRPC channel of the same kind):
    when the delete event arrives. Measured from just before the release to
    the waiter's grant.
 
+With ``--compare``, the same tenure cycle on a private ``redis-server`` and on
+the shared PostgreSQL (a schema of its own, dropped at the end), in blocks
+alternating with etcd's, so that the cost of consensus shows beside them.
+
 The machine is usually shared, so raw and tenure take turns (blocks of
 cycles, alternating hand-offs) and see the same conditions. Goal: tenure at
 least 0.8 of the raw rate.
 
     .venv/bin/python benchmarks/etcd.py [--members 1] [--cycles 2000] [--handoffs 100]
+        [--compare]
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import asyncio
 import statistics
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +48,8 @@ import tenure  # noqa: E402
 from tenure.backends.etcd import EtcdLeases  # noqa: E402
 from tenure.backends.etcd._connection import EtcdChannel, rpc  # noqa: E402
 from tests.support.etcd_server import EtcdCluster  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.servers import drop_postgres_schema  # noqa: E402
 
 TTL_MS = 30_000
 BLOCK = 25
@@ -179,11 +187,45 @@ async def handoffs(cluster: EtcdCluster, rounds: int) -> dict[str, list[float]]:
         await waiter.aclose()
 
 
+async def side_by_side(cluster: EtcdCluster, redis_url: str, count: int) -> dict[str, float]:
+    """tenure's acquire+release cycles/s on etcd, Redis and PostgreSQL, in alternating blocks."""
+    from tests.support.servers import POSTGRES_URL
+
+    schema = f"tenure_bench_{uuid.uuid4().hex[:10]}"
+    backends = {
+        "etcd": tenure.from_url(cluster.url, prefix="compare/"),
+        "redis": tenure.from_url(redis_url, prefix="compare:", quarantine=False),
+        "postgres": tenure.from_url(POSTGRES_URL, schema=schema),
+    }
+    spent = dict.fromkeys(backends, 0.0)
+    try:
+        for name, backend in backends.items():  # warm-up: connections, tables
+            for i in range(20):
+                assert (await backend.acquire_lease(f"{name}{i}", "w", TTL_MS)).acquired
+                await backend.release_lease(f"{name}{i}", "w")
+        names = list(backends)
+        for block in range(count // BLOCK):
+            for name in names[block % 3 :] + names[: block % 3]:
+                backend = backends[name]
+                start = time.perf_counter()
+                for i in range(BLOCK):
+                    assert (await backend.acquire_lease(f"c{i}", "owner", TTL_MS)).acquired
+                    await backend.release_lease(f"c{i}", "owner")
+                spent[name] += time.perf_counter() - start
+        done = (count // BLOCK) * BLOCK
+        return {name: done / seconds for name, seconds in spent.items()}
+    finally:
+        for backend in backends.values():
+            await backend.aclose()
+        drop_postgres_schema(schema)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--members", type=int, default=1, choices=[1, 3])
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--handoffs", type=int, default=100)
+    parser.add_argument("--compare", action="store_true", help="also Redis and PostgreSQL")
     ns = parser.parse_args()
     with EtcdCluster(size=ns.members) as cluster:
         print(f"etcd, {ns.members} member(s), on a shared machine: figures are noisy")
@@ -200,6 +242,14 @@ def main() -> None:
             f"tenure {med['tenure']:.2f} ({p99['tenure']:.2f}), "
             f"speed ratio raw/tenure {med['raw'] / med['tenure']:.2f} (goal >= 0.8)"
         )
+        if ns.compare:
+            with RedisServer(persistence=True) as redis:
+                rates = asyncio.run(side_by_side(cluster, redis.url, ns.cycles))
+            print(
+                "tenure acquire+release cycles/s, side by side: "
+                + ", ".join(f"{name} {rate:.0f}" for name, rate in rates.items())
+                + " (Redis with appendfsync always; PostgreSQL the shared server)"
+            )
 
 
 if __name__ == "__main__":
