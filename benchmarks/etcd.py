@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,31 +93,46 @@ class Raw:
         await self.channel.aclose()
 
 
+Cycle = Callable[[int], Awaitable[None]]
+
+
+async def alternate(cycles: dict[str, Cycle], count: int) -> dict[str, float]:
+    """Cycles per second of each kind: 20 to warm up (connections, the clean-up
+    lease, tables), then ``BLOCK`` cycles at a time, the kinds in rotating order."""
+    names = list(cycles)
+    for i in range(20):
+        for name in names:
+            await cycles[name](i)
+    spent = dict.fromkeys(names, 0.0)
+    for block in range(count // BLOCK):
+        for name in names[block % len(names) :] + names[: block % len(names)]:
+            start = time.perf_counter()
+            for i in range(BLOCK):
+                await cycles[name](i)
+            spent[name] += time.perf_counter() - start
+    done = (count // BLOCK) * BLOCK
+    return {name: done / seconds for name, seconds in spent.items()}
+
+
+def tenure_cycle(backend: Any, prefix: str) -> Cycle:
+    async def cycle(i: int) -> None:
+        assert (await backend.acquire_lease(f"{prefix}{i}", "owner", TTL_MS)).acquired
+        await backend.release_lease(f"{prefix}{i}", "owner")
+
+    return cycle
+
+
 async def cycles(cluster: EtcdCluster, count: int) -> dict[str, float]:
     raw = Raw(cluster)
     await raw.open()
     made = tenure.from_url(cluster.url, prefix="bench/")
-    assert isinstance(made, EtcdLeases)
-    spent = {"raw": 0.0, "tenure": 0.0}
+
+    async def raw_cycle(i: int) -> None:
+        assert await raw.acquire(b"raw/%d" % i, b"owner")
+        await raw.release(b"raw/%d" % i, b"owner")
+
     try:
-        for i in range(20):  # warm-up: the channel, the clean-up lease
-            assert await raw.acquire(b"raw/%d" % i, b"w")
-            await raw.release(b"raw/%d" % i, b"w")
-            assert (await made.acquire_lease(f"t{i}", "w", TTL_MS)).acquired
-            await made.release_lease(f"t{i}", "w")
-        for block in range(count // BLOCK):
-            for kind in ("raw", "tenure") if block % 2 == 0 else ("tenure", "raw"):
-                start = time.perf_counter()
-                for i in range(BLOCK):
-                    if kind == "raw":
-                        assert await raw.acquire(b"raw/%d" % i, b"owner")
-                        await raw.release(b"raw/%d" % i, b"owner")
-                    else:
-                        assert (await made.acquire_lease(f"t{i}", "owner", TTL_MS)).acquired
-                        await made.release_lease(f"t{i}", "owner")
-                spent[kind] += time.perf_counter() - start
-        done = (count // BLOCK) * BLOCK
-        return {kind: done / seconds for kind, seconds in spent.items()}
+        return await alternate({"raw": raw_cycle, "tenure": tenure_cycle(made, "t")}, count)
     finally:
         await raw.close()
         await made.aclose()
@@ -197,23 +213,9 @@ async def side_by_side(cluster: EtcdCluster, redis_url: str, count: int) -> dict
         "redis": tenure.from_url(redis_url, prefix="compare:", quarantine=False),
         "postgres": tenure.from_url(POSTGRES_URL, schema=schema),
     }
-    spent = dict.fromkeys(backends, 0.0)
     try:
-        for name, backend in backends.items():  # warm-up: connections, tables
-            for i in range(20):
-                assert (await backend.acquire_lease(f"{name}{i}", "w", TTL_MS)).acquired
-                await backend.release_lease(f"{name}{i}", "w")
-        names = list(backends)
-        for block in range(count // BLOCK):
-            for name in names[block % 3 :] + names[: block % 3]:
-                backend = backends[name]
-                start = time.perf_counter()
-                for i in range(BLOCK):
-                    assert (await backend.acquire_lease(f"c{i}", "owner", TTL_MS)).acquired
-                    await backend.release_lease(f"c{i}", "owner")
-                spent[name] += time.perf_counter() - start
-        done = (count // BLOCK) * BLOCK
-        return {name: done / seconds for name, seconds in spent.items()}
+        cycles = {name: tenure_cycle(backend, "c") for name, backend in backends.items()}
+        return await alternate(cycles, count)
     finally:
         for backend in backends.values():
             await backend.aclose()
