@@ -25,6 +25,7 @@ import pytest
 import tenure
 from tenure.backends.etcd import EtcdLeases
 from tests.support.etcd_server import EtcdCluster
+from tests.support.waiting import until_parked
 
 T = TypeVar("T")
 
@@ -168,3 +169,20 @@ async def test_a_full_restart_keeps_leases_and_token_order(cluster: EtcdCluster)
         assert await answer(lambda: after.transfer_lease("kept", "alice", "dave", 60_000))
         moved = await after.get_lease("kept")
         assert moved is not None and moved.token > again.token
+
+
+async def test_a_watch_broken_by_a_dead_member_wakes_its_waiters(cluster: EtcdCluster) -> None:
+    """A waiter whose watch ran on a member that died is woken to look again,
+    long before its timeout, and the release it might have missed is seen."""
+    async with (
+        connect(cluster.url, timeout=2) as holder,
+        connect(cluster.member_url(0), timeout=2) as bound,
+    ):
+        assert (await holder.acquire_lease("k", "holder", 30_000)).acquired
+        waiting = asyncio.ensure_future(bound.wait_lease_released("k", 60))
+        await until_parked(bound, "k")
+        cluster.kill(0)
+        assert await asyncio.wait_for(waiting, 15) is True
+        await answer(lambda: holder.release_lease("k", "holder"))
+        cluster.start(0)
+        assert await answer(lambda: bound.wait_lease_released("k", 5), timeout=20) is True
