@@ -2,10 +2,11 @@
 
 The checker tests feed :mod:`safety.threads.checker` small histories that must
 be caught and clean ones that must pass. The runs start real worker processes
-on SQLite and on a private Redis (``redis-server`` must be installed; they fail,
-never skip, when it is missing): a short run with faults per backend must show
-no violation, and each negative control must be caught. The soak is
-``python -m safety threads --duration ...`` (SAFETY.md).
+on SQLite, on a private Redis and on a private PostgreSQL (``redis-server`` and
+PostgreSQL's binaries must be installed; they fail, never skip, when missing):
+a short run with faults per backend must show no violation, and each negative
+control must be caught. The soak is ``python -m safety threads --duration ...``
+(SAFETY.md).
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ def _run(rc: ThreadRunConfig) -> ThreadRunResult:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+@pytest.mark.parametrize("backend", ["sqlite", "redis", "postgres"])
 def test_short_run_with_faults_has_no_violation(backend: str, tmp_path: Path) -> None:
     res = _run(ThreadRunConfig(backend=backend, duration_s=15.0, seed=11, workdir=str(tmp_path)))
     assert res.violations == 0, "\n".join(res.report.describe())

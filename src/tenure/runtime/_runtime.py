@@ -3,11 +3,7 @@
 Guarantees
 ----------
 With the default settings, on a backend that carries signals between processes
-(SQLite, Redis Streams) or inside one process (memory). PostgreSQL carries
-signals and runs the runtime across processes too, but is not yet proven under
-faults: its soaks (``SAFETY.md``) kept every run exclusive, yet left signals
-unhandled at the end and some out of order; until that is fixed, the "no signal
-stranded" bound and the order below are not promised there.
+(SQLite, Redis Streams, PostgreSQL) or inside one process (memory).
 
 - **One run per thread.** A run holds the thread's lease, renewed by the same
   :class:`~tenure._renewer.Renewer` as :func:`tenure.hold`. It learns of a loss
@@ -60,6 +56,14 @@ owner read and never finished goes back to the group at once and is delivered
 before newer signals. Holding the lease is what makes this safe: the previous
 owner either released it (and handed everything back) or lost it.
 
+*Fenced reads.* Where the log keeps the leases too and declares
+``Capability.FENCED_TAKES`` (PostgreSQL), a session subscribes with a
+:class:`~tenure.LeaseFence` on its own owner prefix: the backend takes signals
+for it only while it holds the thread's lease, checked in the statement that
+takes them. A session that lost its lease while its reads went on (paused,
+cut off, slow to learn of the loss) then cannot take what the next owner
+reclaimed, however late its request reaches the server.
+
 *Sweeping.* Every runtime process asks the backend every ``sweep_interval``
 (default: the renew interval, at most 1 s) which threads of its namespace have
 signals not yet acknowledged (``Capability.BACKLOG``), and tries to acquire
@@ -94,10 +98,11 @@ whose events do not outlive a process, or one without leases
 process-local log (a :class:`~tenure.MemoryPubSub`) and the runtime is correct
 within one process only.
 
-Limits: per-thread order can break for a signal sent while a paused owner's
-blocking read was outstanding: the backend hands it to that stale reader, which
-gives it back only once it finds its lease lost, after newer signals ran (seen
-once by the thread harness, under SIGSTOP; crashes do not cause it); a backend
+Limits: on Redis and SQLite, per-thread order can break for a signal sent
+while a paused owner's read was outstanding: the backend hands it to that stale
+reader, which gives it back only once it finds its lease lost, after newer
+signals ran (seen once by the thread harness on Redis, under SIGSTOP; crashes
+do not cause it; PostgreSQL's fenced reads close it); a backend
 that loses acknowledged state (a Redis restart without
 persistence) can lose signals published before the restart; a handler that
 raises on a signal gets it again at most the backend's ``max_attempts`` times.
