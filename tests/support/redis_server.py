@@ -10,6 +10,9 @@ data in a temporary directory that is removed at the end::
         server.restart(keep_data=False)        # like a restart without persistence
         server.kill()                          # SIGKILL, no shutdown save
 
+    with RedisServer(shifted_clock=True) as server:
+        server.step_clock(-100)                # its wall clock jumps back 100 s
+
 The binary is ``redis-server`` from ``$PATH`` (Debian's ``redis-server``
 package; ``.ci/run`` installs it). If it is missing, :meth:`start` raises
 ``RuntimeError``: tests fail, they never skip. Only the standard library and
@@ -55,6 +58,8 @@ class RedisServer:
     ``requirepass`` (the default user's password). ``args`` are extra
     ``redis-server`` options, e.g. ``["--maxmemory-policy", "allkeys-lru"]``.
     The port and data directory stay the same across restarts.
+    ``shifted_clock=True`` runs the server under ``clockshift.c`` (built with
+    ``cc``), so :meth:`step_clock` can move its wall clock and only its.
     """
 
     def __init__(
@@ -64,6 +69,7 @@ class RedisServer:
         password: str | None = None,
         args: Sequence[str] = (),
         start_timeout: float = 10.0,
+        shifted_clock: bool = False,
     ) -> None:
         self.persistence = persistence
         self.password = password
@@ -72,6 +78,8 @@ class RedisServer:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="tenure-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
+        self.shifted_clock = shifted_clock
+        self.clock_offset = 0.0
 
     # -- addresses -------------------------------------------------------------
 
@@ -138,10 +146,58 @@ class RedisServer:
         if self.password is not None:
             cmd += ["--requirepass", self.password]
         cmd += self.args
+        env = None
+        if self.shifted_clock:
+            env = {
+                **os.environ,
+                "LD_PRELOAD": str(self._build_shim()),
+                "TENURE_CLOCK_OFFSET_FILE": str(self._offset_file),
+            }
+            self._write_offset()
         self.process = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
         )
         self._wait_ready()
+
+    # -- the shifted clock ------------------------------------------------------
+
+    @property
+    def _offset_file(self) -> Path:
+        return self.dir / "clock-offset"
+
+    def _build_shim(self) -> Path:
+        shim = self.dir / "clockshift.so"
+        if not shim.exists():
+            compiler = shutil.which("cc") or shutil.which("gcc")
+            if compiler is None:
+                raise RuntimeError("shifted_clock needs a C compiler (apt-get install gcc)")
+            source = Path(__file__).with_name("clockshift.c")
+            subprocess.run(
+                [compiler, "-shared", "-fPIC", "-O2", "-o", str(shim), str(source)],
+                check=True,
+                capture_output=True,
+            )
+        return shim
+
+    def _write_offset(self) -> None:
+        tmp = self._offset_file.with_suffix(".tmp")
+        tmp.write_text(str(round(self.clock_offset * 1_000_000)))
+        tmp.replace(self._offset_file)  # the server never reads half a number
+
+    def step_clock(self, seconds: float) -> None:
+        """Move the server's wall clock by ``seconds`` (back if negative), at once.
+
+        Redis caches the time for up to a cron tick (100 ms): wait a little
+        before relying on the new time.
+        """
+        if not self.shifted_clock:
+            raise RuntimeError("step_clock needs RedisServer(shifted_clock=True)")
+        self.clock_offset += seconds
+        self._write_offset()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -211,7 +267,7 @@ class RedisServer:
         else:
             self.kill()
             for entry in self.dir.iterdir():
-                if entry.name != "redis.log":
+                if entry.name not in {"redis.log", "clockshift.so", "clock-offset"}:
                     if entry.is_dir():
                         shutil.rmtree(entry)
                     else:

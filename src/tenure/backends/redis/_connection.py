@@ -69,6 +69,10 @@ def _tag(name: str) -> bytes:
     return raw
 
 
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 # -- URL options ---------------------------------------------------------------------
 
 _NO_RETRIES = (
@@ -232,6 +236,9 @@ class _Pipe:
     def __init__(self, pool: Any, timeout: float | None) -> None:
         self._pool = pool
         self._timeout = timeout
+        #: Run on each new connection before any command is written to it
+        #: (with the raw redis-py connection); an error fails the connect.
+        self.on_connect: Callable[[Any], Awaitable[None]] | None = None
         self._conn: Any = None
         self._writer: Any = None
         self._pending: deque[tuple[asyncio.Future[Any], float]] = deque()
@@ -319,6 +326,8 @@ class _Pipe:
             conn = self._pool.make_connection()
             try:
                 await conn.connect()
+                if self.on_connect is not None:
+                    await self.on_connect(conn)
             except BaseException:
                 with contextlib.suppress(Exception):
                     await conn.disconnect()
@@ -453,23 +462,38 @@ class RedisConnection:
         if str(kwargs.get("protocol") or 2) == "2":
             self.pipe = _Pipe(client.connection_pool, kwargs.get("socket_timeout"))
         self._strict = strict
+        #: Read at first use: the server may evict keys (``maxmemory-policy``).
+        self.evicting = False
+        #: Read at first use: ``appendonly yes`` with ``appendfsync always``
+        #: (``False`` when ``CONFIG`` cannot be read).
+        self.durable = False
         #: The first-use check passed: commands may be sent.
         self.ready = False
         self.config_error: ConfigurationError | None = None
         self._prepare_lock = asyncio.Lock()
 
     async def prepare(self) -> None:
-        """Check ``maxmemory-policy`` once; raise the strict refusal, if any."""
+        """Read ``maxmemory-policy`` and the persistence settings once; raise the
+        strict refusal, if any."""
         async with self._prepare_lock:
             if not self.ready and self.config_error is None:
                 task = asyncio.current_task()
                 cancels = 0 if task is None else task.cancelling()
                 with self.driver_errors:
                     info = await self.client.info("memory")
+                    try:
+                        config: dict[Any, Any] = await self.client.config_get("append*")
+                    except ResponseError:  # CONFIG renamed or refused (managed services)
+                        config = {}
                 if task is not None and task.cancelling() > cancels:
                     raise asyncio.CancelledError  # lost by redis-py: see ``io``
+                settings = {_text(k): _text(v) for k, v in config.items()}
+                self.durable = settings.get("appendonly") == "yes" and (
+                    settings.get("appendfsync") == "always"
+                )
                 policy = str(info.get("maxmemory_policy", "unknown"))
-                if policy not in _EVICTING_POLICIES_OK:
+                self.evicting = policy not in _EVICTING_POLICIES_OK
+                if self.evicting:
                     message = (
                         f"Redis at {self.where} has maxmemory-policy {policy!r}: it can evict "
                         "live leases and stream entries; set maxmemory-policy noeviction"

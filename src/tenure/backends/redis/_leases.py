@@ -13,6 +13,8 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from ..._contract import AcquireResult, LeaseRecord
 from ..._doctor import Finding
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore
@@ -33,6 +35,8 @@ _RELEASE = load_script("release")
 _TRANSFER = load_script("transfer")
 _GET = load_script("get")
 _REVOKE = load_script("revoke")
+_EPOCH = load_script("epoch")
+_MARKER = b"epoch"
 _GLOB_SPECIAL = frozenset(b"\\*?[]")
 _LEASE_SUFFIX = b"}:lease"
 
@@ -68,6 +72,11 @@ class RedisLeases(RedisParts, LeaseCore):
     def _setup_leases(self, *, quarantine_ms: int) -> None:
         self._channel = self._p + _RELEASED_CHANNEL
         self._quarantine_ms = quarantine_ms
+        self._marker = self._p + _MARKER
+        if quarantine_ms and self._conn.pipe is not None:
+            # A new connection may reach another server (a failover, a restart):
+            # look at its marker before the first command.
+            self._conn.pipe.on_connect = self._check_epoch_on
         # Local (event-loop clock) end of the last quarantine we were told about.
         self._quarantine_deadline = 0.0
         self._pubsub: Any = None
@@ -81,30 +90,72 @@ class RedisLeases(RedisParts, LeaseCore):
     # -- the five methods ----------------------------------------------------------
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
-        """Claim ``key``; during a quarantine ``AcquireResult(False, None)`` (see the class)."""
+        """Claim ``key``; during a quarantine ``AcquireResult(False, None,
+        retry_after_ms=…)`` (see the class docstring)."""
         ttl = self._args(key, owner, ttl_ms)
         lease, counter = self._lease_key(key)
-        status, value = await self._eval(
-            _ACQUIRE,
-            (lease, counter),
-            (owner, ttl, self._quarantine_ms, max(_COUNTER_KEEP_MS, 2 * ttl)),
+        args = (
+            owner,
+            ttl,
+            self._quarantine_ms,
+            max(_COUNTER_KEEP_MS, 2 * ttl),
+            b"1" if self._conn.evicting else b"0",
         )
+        reply = await self._eval(_ACQUIRE, (lease, counter, self._marker), args)
+        if reply[0] == 3:
+            # No marker, or keys were evicted: decide, record, and ask again.
+            await self._check_epoch()
+            reply = await self._eval(_ACQUIRE, (lease, counter, self._marker), args)
+        status = reply[0]
         if status == 1:
-            return AcquireResult(True, owner, int(value))
+            return AcquireResult(True, owner, int(reply[1]))
         if status == 0:
-            return AcquireResult(False, value.decode("utf-8"), None)
-        remaining = int(value) / 1000
+            return AcquireResult(False, reply[1].decode("utf-8"), None)
+        if status == 3:  # evicting again at once: refuse one quarantine
+            return AcquireResult(False, None, None, retry_after_ms=self._quarantine_ms)
+        left = int(reply[1])
+        self._note_quarantine(left, "")
+        return AcquireResult(False, None, None, retry_after_ms=left)
+
+    async def _check_epoch(self) -> tuple[int, str]:
+        """Run ``epoch.lua``: has this server lost the prefix's lease state?
+
+        Returns the quarantine left in ms (0: none) and its reason.
+        """
+        reply = await self._eval(
+            _EPOCH, (self._marker,), (self._quarantine_ms, b"1" if self._conn.durable else b"0")
+        )
+        left, reason = int(reply[0]), reply[1].decode("utf-8")
+        self._note_quarantine(left, reason)
+        return left, reason
+
+    async def _check_epoch_on(self, conn: Any) -> None:
+        """``epoch.lua`` on a new lease connection (``_Pipe.on_connect``)."""
+        durable = b"1" if self._conn.durable else b"0"
+        await conn.send_command("EVAL", _EPOCH.body, 1, self._marker, self._quarantine_ms, durable)
+        try:
+            reply = await conn.read_response()
+        except ResponseError:
+            return  # a replica (READONLY): every grant fails there anyway, and says why
+        self._note_quarantine(int(reply[0]), reply[1].decode("utf-8"))
+
+    def _note_quarantine(self, left_ms: int, reason: str) -> None:
+        """Remember (and log, once per quarantine) that grants are refused for ``left_ms``."""
+        if left_ms <= 0:
+            return
         loop = asyncio.get_running_loop()
-        if loop.time() >= self._quarantine_deadline:
+        if loop.time() >= self._quarantine_deadline or reason:
             logger.warning(
-                "lease %r refused: Redis at %s started less than max_ttl_ms ago and does not "
-                "know the key, so it may have lost leases; grants resume in %.1f s",
-                key,
+                "Redis at %s refuses new leases of prefix %r for %.1f s: it may have lost "
+                "leases granted before (%s); a lease granted then can be in use until it "
+                "expires (max_ttl_ms=%d)",
                 self._where,
-                remaining,
+                self._prefix,
+                left_ms / 1000,
+                reason or "a quarantine recorded on the server",
+                self._quarantine_ms,
             )
-        self._quarantine_deadline = loop.time() + remaining
-        return AcquireResult(False, None, None)
+        self._quarantine_deadline = loop.time() + left_ms / 1000
 
     async def _read(self, key: str) -> LeaseRecord | None:
         reply = await self._eval(_GET, (self._lease_key(key)[0],), ())
