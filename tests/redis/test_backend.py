@@ -52,6 +52,21 @@ async def test_url_options_and_repr_without_password() -> None:
         await backend.aclose()
 
 
+@pytest.mark.asyncio
+async def test_the_lower_ttl_ceiling_says_why() -> None:
+    """SQLite, PostgreSQL and memory take up to 2**31 - 1 ms; Redis refuses more
+    than max_ttl_ms, and its error gives the reason (the quarantine's length)."""
+    backend = tenure.from_url("redis://cache.example:6380/0")
+    try:
+        with pytest.raises(InvalidArgument) as refused:
+            await backend.acquire_lease("k", "o", 60_001)
+        text = str(refused.value)
+        assert "max_ttl_ms=60000" in text and "2**31 - 1" in text
+        assert "refuses new grants for max_ttl_ms" in text
+    finally:
+        await backend.aclose()
+
+
 @pytest.mark.parametrize(
     ("url", "match"),
     [

@@ -32,32 +32,82 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     with ``%``, ``{``, ``}`` of the key percent-escaped: the mapping is
     injective and each script touches one hash slot (Redis Cluster safe).
 
-    **TTL limit.** ``ttl_ms`` may not exceed ``max_ttl_ms`` (default 60 000):
-    it bounds how long a forgotten lease could still be in use, which the
-    quarantine below relies on. Every client of a prefix must use the same
-    ``max_ttl_ms``, at least the largest TTL any of them uses.
+    **TTL limit.** ``ttl_ms`` may not exceed ``max_ttl_ms`` (default 60 000;
+    the other backends take up to 2**31 - 1): it bounds how long a lost lease
+    could still be in use, which is how long the quarantine below refuses
+    grants, so a larger ceiling means longer refusals after a loss. Every
+    client of a prefix must use the same ``max_ttl_ms``, at least the largest
+    TTL any of them uses. The error for a larger TTL says this.
 
-    **State loss and quarantine.** A Redis that restarts without persistence
-    forgets every lease; granting at once could give a key two owners. Every
-    grant of a key without a counter therefore looks at the server's uptime
-    (in the same script): if the server started less than ``max_ttl_ms``
-    (+1 s, +1%) ago, a lease granted before the start might still be in use,
-    so the grant is refused and ``acquire_lease`` returns
-    ``AcquireResult(acquired=False, owner=None)`` (no holder can be named).
-    After that window every pre-restart lease has expired and grants resume.
-    Consequences: a key used for the first time within ``max_ttl_ms`` of a
-    server start is refused too (the server cannot tell a fresh start from a
-    loss); on a server that has been up longer, first use is never delayed.
-    ``quarantine=False`` turns the check off (for tests, or when you accept
-    double grants after a restart). Not detected: an operator's ``FLUSHALL``
-    or ``DEL`` on a server up longer than ``max_ttl_ms``; a restart from an
-    RDB snapshot or an AOF with ``appendfsync everysec`` that lost the last
-    writes while keeping older ones; a failover to a replica that had not yet
-    received the latest grants (replication is asynchronous; ``WAIT`` is not
-    used). In all of those a key can have two owners for up to one TTL, but
-    fencing tokens still increase as long as the server clock does not go
-    back. For leases, run Redis with ``appendonly yes``, ``appendfsync
-    always`` and ``maxmemory-policy noeviction``.
+    **State loss and quarantine.** A Redis that loses data (a restart without
+    persistence, ``FLUSHALL``/``FLUSHDB``, eviction, a failover to a replica
+    that had not received the last grants) forgets leases that their holders
+    still use; granting at once would give a key two owners. Each prefix has
+    an epoch marker key ``<prefix>epoch`` (``"<quarantine end>:<replication
+    ID>:<evicted keys>"``, no TTL). A new grant reads it in the acquire script
+    (one ``GET``; nothing else on the hot path, unless the server's
+    ``maxmemory-policy`` can evict, when the script also compares the
+    server's ``evicted_keys`` with the marker's). Without the marker, or after
+    an eviction, ``lua/epoch.lua`` decides in one script and records the
+    answer in the marker: lease state may have been lost, and grants are
+    refused for ``max_ttl_ms`` (+1 %; after a restart, counted from the
+    server's start), when the marker is missing and the server started less
+    than that ago without ``appendfsync always``, or its clock is behind its
+    start time, or ``FLUSHALL``/``FLUSHDB`` ran since it started, or it has
+    evicted keys; when the marker's replication ID is not the server's and
+    the server was promoted from a replica (``master_replid2``), or restarted
+    without ``appendfsync always``; when keys were evicted since the marker
+    was written. Every new lease connection runs the same check before its
+    first command, so after a failover (a reconnection) the first grant is
+    already judged. A refused grant returns ``AcquireResult(acquired=False,
+    owner=None, retry_after_ms=…)``, ``hold`` and ``acquire_wait`` raise
+    :class:`LeaseUnavailable` saying so, and one warning with the reason is
+    logged per quarantine. Leases that survived are still named as held.
+
+    *When the server counts as new* (no quarantine at first contact): the
+    marker is written in the same step as any grant of the prefix needs it,
+    so its absence means no lease of the prefix was granted since it was
+    lost. A server with ``appendonly yes`` and ``appendfsync always`` (read
+    with ``CONFIG GET`` at first use; a server that refuses ``CONFIG`` does
+    not count) keeps the marker across a restart, so if it is missing there
+    and no flush or eviction happened since the start, the prefix was never
+    used: the first grant is immediate. Without that persistence a server that
+    started less than ``max_ttl_ms`` ago cannot tell a first use from a loss,
+    and refuses for the rest of that window (pass ``quarantine=False`` for a
+    throwaway server). A server up longer than ``max_ttl_ms`` with no sign of
+    loss grants a new prefix at once.
+
+    *Not detected*: an operator's ``DEL`` of lease keys or of the marker; a
+    ``FLUSHALL`` followed by a restart of a durable server within
+    ``max_ttl_ms`` (the restart clears the command statistics), or
+    ``CONFIG RESETSTAT`` after one; a failover where the client keeps talking
+    to the old address (a plain ``redis://`` URL whose host moved; Sentinel
+    and Cluster clients reconnect, and reconnecting runs the check); an
+    AOF with ``appendfsync everysec`` that a crash cut short is counted as a
+    restart without durable persistence only through the uptime rule, so a
+    client that first connects more than ``max_ttl_ms`` after it started sees
+    nothing. In those cases a key can have two owners for up to one TTL;
+    fencing tokens still increase (see **Clock**). For leases, run Redis with
+    ``appendonly yes``, ``appendfsync always`` and ``maxmemory-policy
+    noeviction``. ``quarantine=False`` turns all of this off (every acquire
+    then skips the marker).
+
+    **Clock.** Expiry (``PX``) and tokens use the server's wall clock, not a
+    monotonic one. A *forward* step of the Redis host's clock ends every live
+    lease at once: a second owner can be granted while the first still
+    renews (its next renew returns ``False``); tenure does not detect it. The
+    second owner's token is higher, so a store fenced by tokens rejects the
+    first owner's late writes (tested with a one-hour step). A *backward* step
+    makes leases last longer than their TTL in real time (never shorter), and
+    a step back past the server's start time is treated as a possible loss
+    (a quarantine from now). Tokens are ``max(counter + 1, server time in
+    µs)``: while the counter exists they keep increasing whatever the clock
+    does; if the counter was lost (a restart without persistence), a server
+    clock that is now behind the time of the last grant by more than the
+    quarantine plus the downtime gives a *lower* token than before the
+    restart, and a fenced store would refuse the new owner's writes until the
+    clock catches up. Keep the Redis host on NTP with slewing (not stepping),
+    and use persistence where tokens matter.
 
     **Eviction.** At first use the backend reads ``maxmemory-policy``; any
     policy but ``noeviction`` can evict live leases, so it logs a warning, or

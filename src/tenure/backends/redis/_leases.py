@@ -68,6 +68,11 @@ class RedisLeases(RedisParts, LeaseCore):
     """
 
     capabilities = LEASE_CAPABILITIES
+    _max_ttl_reason = (
+        "after it may have lost leases (a restart, FLUSHALL, eviction, failover) the Redis "
+        "backend refuses new grants for max_ttl_ms, the longest a lost lease can be in use, "
+        "so its default ceiling is 60 s where the other backends allow 2**31 - 1 ms"
+    )
 
     def _setup_leases(self, *, quarantine_ms: int) -> None:
         self._channel = self._p + _RELEASED_CHANNEL
