@@ -44,6 +44,7 @@ _SCHEMES: dict[str, _Scheme] = {
     "sqlite": _Scheme("tenure.backends.sqlite", "SqlitePubSub", None, None),
     "redis": _Scheme("tenure.backends.redis", "RedisStreamsPubSub", "redis", "redis"),
     "rediss": _Scheme("tenure.backends.redis", "RedisStreamsPubSub", "redis", "redis"),
+    "redis+sentinel": _Scheme("tenure.backends.redis", "RedisStreamsPubSub", "redis", "redis"),
     "postgresql": _Scheme("tenure.backends.postgres", "PostgresPubSub", "postgres", "psycopg"),
     "postgres": _Scheme("tenure.backends.postgres", "PostgresPubSub", "postgres", "psycopg"),
 }
@@ -251,6 +252,7 @@ def from_url(url: str | None = None, **options: Any) -> Backend:
     """Build the backend for ``url``.
 
     Schemes: ``memory://``, ``sqlite:///path``, ``redis://``, ``rediss://``,
+    ``redis+sentinel://``,
     ``postgresql://``. With no URL, :func:`default_url` decides. Keyword
     options go to the backend's constructor. The result is an async context
     manager; nothing is connected until it is first used. Its

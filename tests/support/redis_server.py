@@ -38,7 +38,7 @@ from urllib.parse import quote
 
 import redis
 
-__all__ = ["RedisServer", "free_port"]
+__all__ = ["RedisSentinels", "RedisServer", "SentinelServer", "free_port"]
 
 
 def free_port() -> int:
@@ -126,6 +126,7 @@ class RedisServer:
             )
         cmd = [
             binary,
+            *self._config_file(),
             "--bind",
             "127.0.0.1",
             "--port",
@@ -198,6 +199,10 @@ class RedisServer:
             raise RuntimeError("step_clock needs RedisServer(shifted_clock=True)")
         self.clock_offset += seconds
         self._write_offset()
+
+    def _config_file(self) -> list[str]:
+        """Arguments before the options (a sentinel's config file)."""
+        return []
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -294,3 +299,143 @@ class RedisServer:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"RedisServer(port={self.port}, {state}, dir={str(self.dir)!r})"
+
+
+class SentinelServer(RedisServer):
+    """One ``redis-server --sentinel`` watching ``master`` as ``service``.
+
+    Quick to act: the master is down after ``down_after_ms`` without a reply.
+    Sentinel rewrites its config file, so each has its own in its directory.
+    """
+
+    def __init__(self, service: str, master: RedisServer, *, down_after_ms: int = 1000) -> None:
+        super().__init__()
+        self.service = service
+        self.master = master
+        self.down_after_ms = down_after_ms
+
+    def _config_file(self) -> list[str]:
+        conf = self.dir / "sentinel.conf"
+        if not conf.exists():
+            conf.write_text(
+                f"sentinel monitor {self.service} 127.0.0.1 {self.master.port} 2\n"
+                f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {self.service} 4000\n"
+                f"sentinel parallel-syncs {self.service} 1\n"
+            )
+        return [str(conf), "--sentinel"]
+
+    def master_address(self) -> tuple[str, int]:
+        with self.client() as conn:
+            host, port = conn.sentinel_get_master_addr_by_name(self.service)
+        return str(host), int(port)
+
+
+class RedisSentinels:
+    """A master, ``replicas`` replicas and three sentinels: Redis as Sentinel runs it.
+
+    ``url`` is tenure's ``redis+sentinel://`` URL of the service. The servers
+    have no persistence unless ``persistence=True``. :meth:`failover` asks a
+    sentinel to promote a replica (``SENTINEL FAILOVER``) and waits until every
+    sentinel names the new master and it accepts writes.
+    """
+
+    def __init__(
+        self, *, service: str = "tenure", replicas: int = 1, persistence: bool = False
+    ) -> None:
+        self.service = service
+        self.servers = [RedisServer(persistence=persistence) for _ in range(1 + replicas)]
+        self.sentinels: list[SentinelServer] = []
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}"
+
+    def server_at(self, port: int) -> RedisServer:
+        return next(s for s in self.servers if s.port == port)
+
+    @property
+    def master(self) -> RedisServer:
+        return self.server_at(self.sentinels[0].master_address()[1])
+
+    def start(self) -> None:
+        first, *rest = self.servers
+        for server in self.servers:
+            server.start()
+        for replica in rest:
+            replica.command("REPLICAOF", "127.0.0.1", str(first.port))
+        self._wait(lambda: all(self._linked(r) for r in rest), "replicas to sync")
+        self.sentinels = [SentinelServer(self.service, first) for _ in range(3)]
+        for sentinel in self.sentinels:
+            sentinel.start()
+        # Every sentinel knows the replicas (from the master's INFO) and its peers.
+        self._wait(self._sentinels_ready, "sentinels to discover the set")
+
+    @staticmethod
+    def _linked(replica: RedisServer) -> bool:
+        return bool(replica.command("INFO", "replication").get("master_link_status") == "up")
+
+    def _sentinels_ready(self) -> bool:
+        for sentinel in self.sentinels:
+            with sentinel.client() as conn:
+                state = conn.sentinel_master(self.service)  # parsed by redis-py
+            if int(state["num-slaves"]) < len(self.servers) - 1:
+                return False
+            if int(state["num-other-sentinels"]) < len(self.sentinels) - 1:
+                return False
+        return True
+
+    def failover(self, *, kill: bool = False, timeout: float = 20.0) -> RedisServer:
+        """Promote a replica through Sentinel; returns the new master once it takes writes.
+
+        ``kill=True`` kills the master (SIGKILL) and lets the sentinels notice
+        (``down_after_ms``), agree and promote, as on a crash. Otherwise a
+        sentinel is told to fail over (``SENTINEL FAILOVER``) while the old master
+        still runs: until the sentinels turn it into a replica (at their next
+        look at it, within seconds), it still takes writes from clients that
+        are connected to it.
+        """
+        old = self.master
+        if kill:
+            old.kill()
+        else:
+            self.sentinels[0].command("SENTINEL", "FAILOVER", self.service)
+
+        def done() -> bool:
+            ports = {s.master_address()[1] for s in self.sentinels if s.running}
+            if len(ports) != 1 or ports == {old.port}:
+                return False
+            new = self.server_at(ports.pop())
+            return bool(new.command("INFO", "replication").get("role") == "master")
+
+        self._wait(done, "the failover", timeout)
+        return self.master
+
+    @staticmethod
+    def _wait(check: Any, what: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        for server in [*self.sentinels, *self.servers]:
+            server.close()
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

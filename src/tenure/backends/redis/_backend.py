@@ -109,6 +109,25 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     clock catches up. Keep the Redis host on NTP with slewing (not stepping),
     and use persistence where tokens matter.
 
+    **Sentinel.** ``redis+sentinel://`` URLs (see :meth:`from_url`), or a
+    client from ``redis.asyncio.sentinel.Sentinel.master_for``, reach the
+    master the sentinels name; every new connection asks them again, and a
+    connection that finds its server demoted (``READONLY``) or gone is dropped,
+    so the next operation reaches the new master (an operation in flight
+    fails with :class:`BackendUnavailable`). A promoted replica has a new
+    replication ID, so the first connection to it runs the epoch check, which
+    refuses new grants for ``max_ttl_ms``; leases that were replicated keep
+    being renewed and are named as held. What this guarantees through a
+    failover, with asynchronous replication: a lease the old master granted
+    and the replica never received is not granted again before it expires
+    (the quarantine), *unless* clients were still writing to the old master
+    after the quarantine on the new one had ended (a ``SENTINEL FAILOVER`` or
+    a partition leaves the old master taking writes until the sentinels demote
+    it, usually within seconds). Fencing tokens stay the guarantee of last
+    resort: tokens come from the server's clock, so the new master's tokens
+    exceed the old one's while the two clocks agree to within the time since
+    the last grant.
+
     **Eviction.** At first use the backend reads ``maxmemory-policy``; any
     policy but ``noeviction`` can evict live leases, so it logs a warning, or
     with ``strict=True`` every operation raises :class:`ConfigurationError`.
@@ -237,7 +256,8 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     ) -> None:
         if not isinstance(client, aioredis.Redis):
             raise ConfigurationError(
-                f"client must be a redis.asyncio.Redis, got {type(client).__name__}"
+                "client must be a redis.asyncio.Redis (a Sentinel master_for() client is one), "
+                f"got {type(client).__name__}"
             )
         kwargs = client.connection_pool.connection_kwargs
         if kwargs.get("decode_responses"):
@@ -277,7 +297,12 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStreamsPubSub:
-        """``redis://[user[:password]@]host[:port][/db][?…]`` or ``rediss://…`` (TLS).
+        """``redis://[user[:password]@]host[:port][/db][?…]`` or ``rediss://…`` (TLS),
+        or ``redis+sentinel://[[user]:password@]host:port[,host:port…]/<service_name>[?db=N&…]``.
+
+        With ``redis+sentinel://`` the hosts are the sentinels; the user-info
+        and the query options are for the master's connections (the sentinels
+        get the socket timeouts, no password).
 
         Query parameters: tenure's ``prefix``, ``max_ttl_ms``, ``quarantine``,
         ``strict``, ``max_attempts``, ``stream_maxlen``, ``claim_idle_ms``,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from types import TracebackType
 from typing import Any, cast
-from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, unquote_plus, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -172,24 +172,30 @@ def client_from_url(url: str, options: dict[str, Any]) -> tuple[aioredis.Redis, 
         # redact_url knows ``password=`` only; ``ssl_password=`` is a secret too.
         raise ConfigurationError(redact(str(exc), secrets)) from None
     parts = urlsplit(url)  # parse_query has parsed it
-    if parts.scheme.lower() not in {"redis", "rediss"}:
-        raise ConfigurationError(redact(f"not a redis:// or rediss:// URL: {shown!r}", secrets))
+    scheme = parts.scheme.lower()
+    if scheme not in {"redis", "rediss", SENTINEL_SCHEME}:
+        raise ConfigurationError(
+            redact(f"not a redis://, rediss:// or {SENTINEL_SCHEME}:// URL: {shown!r}", secrets)
+        )
     for name in _RETRY_KEYWORDS:
         if name in options:
             raise ConfigurationError(f"option {name!r} is refused: {_NO_RETRIES}")
     ours = {**query.ours, **options}
     theirs = {name: ours.pop(name) for name in list(ours) if name not in _OUR_KEYWORDS}
     # redis-py lets a query value win over a keyword; here the keyword wins.
-    rest = "&".join(s for s in query.rest if unquote(s.partition("=")[0]) not in theirs)
+    rest = [s for s in query.rest if unquote(s.partition("=")[0]) not in theirs]
     theirs.setdefault("socket_timeout", 5.0)
     theirs.setdefault("socket_connect_timeout", 5.0)
     # The command slots bound the connections; the pool must never refuse.
     theirs.setdefault("max_connections", 2**31)
-    redis_url = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, ""))
     try:
-        client = aioredis.Redis.from_url(
-            redis_url, retry=Retry(NoBackoff(), 0), retry_on_timeout=False, **theirs
-        )
+        if scheme == SENTINEL_SCHEME:
+            client = _sentinel_client(parts, rest, theirs)
+        else:
+            redis_url = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(rest), ""))
+            client = aioredis.Redis.from_url(
+                redis_url, retry=Retry(NoBackoff(), 0), retry_on_timeout=False, **theirs
+            )
         # Only builds a connection object: an option the connection class does
         # not take fails here rather than at first use.
         pool: Any = client.connection_pool
@@ -200,6 +206,48 @@ def client_from_url(url: str, options: dict[str, Any]) -> tuple[aioredis.Redis, 
             redact(f"cannot use Redis URL {shown!r}: {exc}", secrets)
         ) from None
     return client, ours
+
+
+SENTINEL_SCHEME = "redis+sentinel"
+
+
+def _sentinel_client(parts: SplitResult, query: Sequence[str], options: dict[str, Any]) -> Any:
+    """The master client of ``redis+sentinel://[[user]:password@]host:port[,host:port…]/<service>``.
+
+    The user-info and every query option apply to the master's connections;
+    the sentinels get the socket timeouts only. redis-py's Sentinel pool asks
+    the sentinels for the master's address whenever a connection is made, and
+    a connection that finds a demoted master (``READONLY``) is dropped, so the
+    next one reaches the new master.
+    """
+    from redis.asyncio.sentinel import Sentinel
+
+    _, _, hostlist = parts.netloc.rpartition("@")
+    service = unquote(parts.path.strip("/"))
+    if not service or "/" in service:
+        raise ValueError("the path must be the Sentinel service name: /<service_name>")
+    sentinels = []
+    for item in hostlist.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"sentinel address {item!r} is not host:port")
+        sentinels.append((host.strip("[]"), int(port)))
+    for segment in query:
+        name, _, value = segment.partition("=")
+        name, value = unquote(name), unquote(value)
+        parse = cast(dict[str, Callable[[str], Any]], URL_QUERY_ARGUMENT_PARSERS).get(name, str)
+        options.setdefault(name, parse(value))
+    if parts.username:
+        options.setdefault("username", unquote(parts.username))
+    if parts.password:
+        options.setdefault("password", unquote(parts.password))
+    sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
+    sentinel_options["retry"] = Retry(NoBackoff(), 0)
+    options.pop("max_connections", None)  # the Sentinel pool is not bounded by it
+    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+    return sentinel.master_for(
+        service, redis_class=aioredis.Redis, retry=Retry(NoBackoff(), 0), **options
+    )
 
 
 # -- the pipelined lease connection ----------------------------------------------------
@@ -446,7 +494,16 @@ class RedisConnection:
         self.client = client
         # redis-py leaves execute_command untyped; this also saves a lookup per call.
         self._execute = cast(Callable[..., Awaitable[Any]], client.execute_command)
-        if "path" in kwargs:
+        pool: Any = client.connection_pool
+        self._sentinel: Any = getattr(pool, "sentinel_manager", None)
+        if self._sentinel is not None:  # a Sentinel-managed client
+            seen = ",".join(
+                f"{c.connection_pool.connection_kwargs.get('host')}:"
+                f"{c.connection_pool.connection_kwargs.get('port')}"
+                for c in self._sentinel.sentinels
+            )
+            self.where = f"sentinel {pool.service_name!r} via {seen}/{kwargs.get('db', 0)}"
+        elif "path" in kwargs:
             self.where = f"unix:{kwargs['path']}/{kwargs.get('db', 0)}"
         else:
             self.where = (
@@ -622,6 +679,9 @@ class RedisConnection:
         if close_client:
             with contextlib.suppress(Exception):
                 await self.client.aclose()
+            if self._sentinel is not None:  # its connections to the sentinels
+                with contextlib.suppress(Exception):
+                    await self._sentinel.aclose()
 
 
 class RedisParts:
