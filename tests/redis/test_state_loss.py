@@ -99,7 +99,7 @@ async def test_promoted_replica_without_the_last_grant_quarantines(
         RedisServer(persistence=True) as master,
         RedisServer(args=["--replica-read-only", "yes"]) as replica,
     ):
-        replica.command("REPLICAOF", "127.0.0.1", str(master.port))
+        replica.replicate(master)
         wait_uptime(master, replica, seconds=3)
         old = make_backend(master.url, max_ttl_ms=MAX_TTL)
         assert (await old.acquire_lease("warm", "alice", MAX_TTL)).acquired

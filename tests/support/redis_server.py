@@ -143,6 +143,9 @@ class RedisServer:
             "yes" if self.persistence else "no",
             "--appendfsync",
             "always",
+            # A replica's first sync starts at once (Redis waits 5 s by default).
+            "--repl-diskless-sync-delay",
+            "0",
         ]
         if self.password is not None:
             cmd += ["--requirepass", self.password]
@@ -199,6 +202,23 @@ class RedisServer:
             raise RuntimeError("step_clock needs RedisServer(shifted_clock=True)")
         self.clock_offset += seconds
         self._write_offset()
+
+    def replicate(self, master: RedisServer, timeout: float = 10.0) -> None:
+        """Become a replica of ``master``; return once it acknowledges a write
+        there (so a ``WAIT`` on the master counts it at once)."""
+        self.command("REPLICAOF", "127.0.0.1", str(master.port))
+        deadline = time.monotonic() + timeout
+        while self.command("INFO", "replication").get("master_link_status") != "up":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica on port {self.port} never synced")
+            time.sleep(0.02)
+        # A replica that just synced can take a second more to acknowledge.
+        with master.client() as conn:
+            conn.set("tenure-test-sync", 1)
+            acked = conn.execute_command("WAIT", 1, int(timeout * 1000))
+            conn.delete("tenure-test-sync")
+        if acked < 1:
+            raise RuntimeError(f"replica on port {self.port} never acknowledged a write")
 
     def _config_file(self) -> list[str]:
         """Arguments before the options (a sentinel's config file)."""
@@ -364,17 +384,12 @@ class RedisSentinels:
         for server in self.servers:
             server.start()
         for replica in rest:
-            replica.command("REPLICAOF", "127.0.0.1", str(first.port))
-        self._wait(lambda: all(self._linked(r) for r in rest), "replicas to sync")
+            replica.replicate(first)
         self.sentinels = [SentinelServer(self.service, first) for _ in range(3)]
         for sentinel in self.sentinels:
             sentinel.start()
         # Every sentinel knows the replicas (from the master's INFO) and its peers.
         self._wait(self._sentinels_ready, "sentinels to discover the set")
-
-    @staticmethod
-    def _linked(replica: RedisServer) -> bool:
-        return bool(replica.command("INFO", "replication").get("master_link_status") == "up")
 
     def _sentinels_ready(self) -> bool:
         for sentinel in self.sentinels:

@@ -128,6 +128,25 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     exceed the old one's while the two clocks agree to within the time since
     the last grant.
 
+    **Replicas** (``min_replicas=N``, default 0). After a grant, a transfer
+    or a renewal that succeeded, the backend sends ``WAIT N replica_wait_ms``
+    on the same connection before answering: the caller sees success only
+    once N replicas have the change in memory. Too few in time raises
+    :class:`BackendUnavailable` (a grant or transfer is released first, so the
+    caller never holds a lease it was not told of; a renewal stays, and the
+    holder's deadline still counts from its last acknowledged one). What each
+    setting guarantees through a failover to a replica that Sentinel picks
+    (the one with the most data): with ``N`` = the number of replicas, every
+    acknowledged grant and renewal is on the promoted replica, so a held lease
+    survives with its expiry and no second owner is granted; with 0 < N <
+    replicas, only if the promoted replica is among those that acknowledged
+    (Sentinel prefers the most advanced one, which is, unless it is down);
+    with 0, an acknowledged grant can be missing on the promoted replica, and
+    the epoch check's quarantine is what keeps it from being granted again
+    (see **Sentinel** for its limit). ``WAIT`` is not consensus: a replica that
+    acknowledged and then restarts without persistence forgets again, and
+    ``WAIT`` costs a round trip to the replicas on every grant and renewal.
+
     **Eviction.** At first use the backend reads ``maxmemory-policy``; any
     policy but ``noeviction`` can evict live leases, so it logs a warning, or
     with ``strict=True`` every operation raises :class:`ConfigurationError`.
@@ -245,6 +264,8 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         prefix: str = "tenure:",
         max_ttl_ms: int = 60_000,
         quarantine: bool = True,
+        min_replicas: int = 0,
+        replica_wait_ms: int = 500,
         strict: bool = False,
         max_attempts: int = 5,
         stream_maxlen: int = 100_000,
@@ -275,6 +296,10 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         ]:
             if type(value) is not int or value < 1:
                 raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
+        if type(min_replicas) is not int or min_replicas < 0:
+            raise InvalidArgument(f"min_replicas must be an int >= 0, got {min_replicas!r}")
+        if type(replica_wait_ms) is not int or replica_wait_ms < 1:
+            raise InvalidArgument(f"replica_wait_ms must be an int >= 1, got {replica_wait_ms!r}")
         if max_ttl_ms > MAX_TTL_MS:
             raise InvalidArgument(f"max_ttl_ms must be at most {MAX_TTL_MS}, got {max_ttl_ms}")
         super().__init__(max_ttl_ms=max_ttl_ms)
@@ -282,7 +307,11 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
             client, prefix=prefix, strict=bool(strict), max_concurrency=max_concurrency
         )
         self._owns_client = owns_client
-        self._setup_leases(quarantine_ms=max_ttl_ms if quarantine else 0)
+        self._setup_leases(
+            quarantine_ms=max_ttl_ms if quarantine else 0,
+            min_replicas=min_replicas,
+            replica_wait_ms=replica_wait_ms,
+        )
         socket_timeout = kwargs.get("socket_timeout")
         # A blocking read must return before the socket timeout fires.
         if socket_timeout:
@@ -305,7 +334,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         get the socket timeouts, no password).
 
         Query parameters: tenure's ``prefix``, ``max_ttl_ms``, ``quarantine``,
-        ``strict``, ``max_attempts``, ``stream_maxlen``, ``claim_idle_ms``,
+        ``min_replicas``, ``replica_wait_ms``, ``strict``, ``max_attempts``, ``stream_maxlen``, ``claim_idle_ms``,
         ``dedupe_window_ms`` and ``max_concurrency`` (see the class docstring), and every option
         redis-py's own ``from_url`` takes (``db``, ``password``, ``username``,
         ``protocol``, ``socket_timeout``, ``client_name``, the ``ssl_*``

@@ -98,6 +98,8 @@ OUR_OPTIONS: dict[str, Callable[[str], Any]] = {
     "prefix": str,
     "max_ttl_ms": to_int(1),
     "quarantine": to_bool,
+    "min_replicas": to_int(0),
+    "replica_wait_ms": to_int(1),
     "strict": to_bool,
     "max_attempts": to_int(1),
     "stream_maxlen": to_int(1),

@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 
 from ..._contract import AcquireResult, LeaseRecord
 from ..._doctor import Finding
+from ..._errors import BackendUnavailable
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore
 from ._connection import RedisParts, _tag, load_script
 
@@ -74,9 +75,11 @@ class RedisLeases(RedisParts, LeaseCore):
         "so its default ceiling is 60 s where the other backends allow 2**31 - 1 ms"
     )
 
-    def _setup_leases(self, *, quarantine_ms: int) -> None:
+    def _setup_leases(self, *, quarantine_ms: int, min_replicas: int, replica_wait_ms: int) -> None:
         self._channel = self._p + _RELEASED_CHANNEL
         self._quarantine_ms = quarantine_ms
+        self._min_replicas = min_replicas
+        self._replica_wait_ms = replica_wait_ms
         self._marker = self._p + _MARKER
         if quarantine_ms and self._conn.pipe is not None:
             # A new connection may reach another server (a failover, a restart):
@@ -113,6 +116,8 @@ class RedisLeases(RedisParts, LeaseCore):
             reply = await self._eval(_ACQUIRE, (lease, counter, self._marker), args)
         status = reply[0]
         if status == 1:
+            if self._min_replicas:
+                await self._replicated(key, "grant", owner)
             return AcquireResult(True, owner, int(reply[1]))
         if status == 0:
             return AcquireResult(False, reply[1].decode("utf-8"), None)
@@ -121,6 +126,29 @@ class RedisLeases(RedisParts, LeaseCore):
         left = int(reply[1])
         self._note_quarantine(left, "")
         return AcquireResult(False, None, None, retry_after_ms=left)
+
+    async def _replicated(self, key: str, what: str, release: str | None) -> None:
+        """``WAIT`` until ``min_replicas`` replicas have this connection's writes.
+
+        Too few within ``replica_wait_ms``: :class:`BackendUnavailable` (the
+        outcome is unknown to the caller), after releasing ``release``'s lease
+        (best effort) for a grant or transfer, which the caller then never
+        sees. A renewal is not undone: the holder's renew deadline still
+        counts from its last acknowledged (replicated) renewal.
+        """
+        acked = int(await self._call("WAIT", self._min_replicas, self._replica_wait_ms))
+        if acked >= self._min_replicas:
+            return
+        undone = ""
+        if release is not None:
+            with contextlib.suppress(BackendUnavailable):
+                await self.release_lease(key, release)
+            undone = "; the lease was released"
+        raise BackendUnavailable(
+            f"Redis at {self._where}: the {what} of lease {key!r} reached {acked} of "
+            f"min_replicas={self._min_replicas} replicas within {self._replica_wait_ms} ms "
+            f"(a failover could lose it){undone}"
+        )
 
     async def _check_epoch(self) -> tuple[int, str]:
         """Run ``epoch.lua``: has this server lost the prefix's lease state?
@@ -177,7 +205,10 @@ class RedisLeases(RedisParts, LeaseCore):
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         ttl = self._args(key, owner, ttl_ms)
-        return bool(await self._eval(_RENEW, (self._lease_key(key)[0],), (owner, ttl)))
+        renewed = bool(await self._eval(_RENEW, (self._lease_key(key)[0],), (owner, ttl)))
+        if renewed and self._min_replicas:
+            await self._replicated(key, "renewal", None)
+        return renewed
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         ttl = self._args_transfer(key, from_owner, to_owner, ttl_ms)
@@ -194,6 +225,8 @@ class RedisLeases(RedisParts, LeaseCore):
                 key.encode("utf-8"),
             ),
         )
+        if reply is not None and self._min_replicas:
+            await self._replicated(key, "transfer", to_owner)
         return reply is not None
 
     async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
@@ -210,7 +243,10 @@ class RedisLeases(RedisParts, LeaseCore):
             return []
         leases = [self._lease_key(key)[0] for key in key_list]
         replies = await self._conn.eval_per_key(_RENEW, leases, (owner.encode("utf-8"), ttl))
-        return [bool(r) for r in replies]
+        renewed = [bool(r) for r in replies]
+        if self._min_replicas and any(renewed):
+            await self._replicated(key_list[0], "batch renewal", None)
+        return renewed
 
     async def diagnose(self) -> list[Finding]:
         """What ``tenure doctor`` reports about this server (:mod:`tenure._doctor`)."""
