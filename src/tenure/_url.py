@@ -45,6 +45,7 @@ _SCHEMES: dict[str, _Scheme] = {
     "redis": _Scheme("tenure.backends.redis", "RedisStreamsPubSub", "redis", "redis"),
     "rediss": _Scheme("tenure.backends.redis", "RedisStreamsPubSub", "redis", "redis"),
     "redis+sentinel": _Scheme("tenure.backends.redis", "RedisStreamsPubSub", "redis", "redis"),
+    "redis+cluster": _Scheme("tenure.backends.redis", "RedisClusterPubSub", "redis", "redis"),
     "postgresql": _Scheme("tenure.backends.postgres", "PostgresPubSub", "postgres", "psycopg"),
     "postgres": _Scheme("tenure.backends.postgres", "PostgresPubSub", "postgres", "psycopg"),
 }
@@ -252,7 +253,7 @@ def from_url(url: str | None = None, **options: Any) -> Backend:
     """Build the backend for ``url``.
 
     Schemes: ``memory://``, ``sqlite:///path``, ``redis://``, ``rediss://``,
-    ``redis+sentinel://``,
+    ``redis+sentinel://``, ``redis+cluster://``,
     ``postgresql://``. With no URL, :func:`default_url` decides. Keyword
     options go to the backend's constructor. The result is an async context
     manager; nothing is connected until it is first used. Its

@@ -5,8 +5,11 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 
-async def delete_prefix(url: str, prefix: str) -> int:
-    """Delete every key under ``prefix`` (a test's own namespace); returns how many."""
+async def delete_prefix(url: str, prefix: str, *, one_by_one: bool = False) -> int:
+    """Delete every key under ``prefix`` (a test's own namespace); returns how many.
+
+    ``one_by_one``: one ``DEL`` per key (a Redis Cluster node refuses a ``DEL``
+    of keys in several slots); pass each node's own URL."""
     pattern = b"".join(
         b"\\" + bytes([c]) if c in b"\\*?[]" else bytes([c]) for c in prefix.encode()
     )
@@ -16,7 +19,9 @@ async def delete_prefix(url: str, prefix: str) -> int:
         batch: list[bytes] = []
         async for key in client.scan_iter(match=pattern + b"*", count=1000):
             batch.append(key)
-            if len(batch) >= 1000:
+            if one_by_one:
+                deleted += await client.delete(batch.pop())
+            elif len(batch) >= 1000:
                 deleted += await client.delete(*batch)
                 batch.clear()
         if batch:

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 import tenure
 from tenure import ConfigurationError, InvalidArgument
 from tenure.backends.redis import RedisStreamsPubSub, _tag
+from tenure.backends.redis._connection import client_settings
 
 from ..support.redis_server import RedisServer
 from ..support.waiting import asleep, until_parked
@@ -182,7 +183,7 @@ def test_bad_password_bearing_url_does_not_show_the_password(url: str) -> None:
 
 def test_keyword_options_override_the_query() -> None:
     def kwargs(backend: RedisStreamsPubSub) -> dict[str, Any]:
-        return backend._client.connection_pool.connection_kwargs
+        return client_settings(backend._client)
 
     backend = RedisStreamsPubSub.from_url(
         "redis://localhost/0?prefix=a:&socket_timeout=1&db=3", prefix="b:", socket_timeout=2.5

@@ -36,9 +36,11 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
 
+from redis.crc import key_slot
+
 import redis
 
-__all__ = ["RedisSentinels", "RedisServer", "SentinelServer", "free_port"]
+__all__ = ["ClusterServers", "RedisSentinels", "RedisServer", "SentinelServer", "free_port"]
 
 
 def free_port() -> int:
@@ -437,6 +439,92 @@ class RedisSentinels:
 
     def close(self) -> None:
         for server in [*self.sentinels, *self.servers]:
+            server.close()
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ClusterServers:
+    """A Redis Cluster of ``masters`` primaries (no replicas), made with
+    ``redis-cli --cluster create``: ``url`` is tenure's ``redis+cluster://`` URL.
+    """
+
+    def __init__(self, *, masters: int = 3, persistence: bool = False) -> None:
+        args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
+        self.servers = [RedisServer(persistence=persistence, args=args) for _ in range(masters)]
+        for server in self.servers:
+            server.port = self._cluster_port()
+
+    @staticmethod
+    def _cluster_port() -> int:
+        """A free port whose cluster bus port (+10000) is free too (and exists)."""
+        while True:
+            port = free_port()
+            if port > 55535:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
+
+    def start(self, timeout: float = 20.0) -> None:
+        for server in self.servers:
+            server.start()
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise RuntimeError("redis-cli is not installed (it comes with redis-server)")
+        nodes = [f"127.0.0.1:{s.port}" for s in self.servers]
+        subprocess.run(
+            [cli, "--cluster", "create", *nodes, "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+        )
+        deadline = time.monotonic() + timeout
+        while not all(self._ok(s) for s in self.servers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster never reached cluster_state:ok")
+            time.sleep(0.05)
+
+    @staticmethod
+    def _ok(server: RedisServer) -> bool:
+        info = server.command("CLUSTER", "INFO")
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        return "cluster_state:ok" in text
+
+    def node_of(self, key: bytes) -> RedisServer:
+        """The server that holds ``key``'s slot now (as the first server sees it)."""
+        slot = key_slot(key)
+        for start, end, (_, port, *_), *_ in self.servers[0].command("CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return self.server_at(int(port))
+        raise RuntimeError(f"no node holds slot {slot}")
+
+    def server_at(self, port: int) -> RedisServer:
+        return next(s for s in self.servers if s.port == port)
+
+    def close(self) -> None:
+        for server in self.servers:
             server.close()
 
     def __enter__(self) -> Self:

@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
+from ..._contract import Capability
 from ..._errors import ConfigurationError, InvalidArgument
 from ..._validate import MAX_TTL_MS
-from ._connection import client_from_url
+from ._connection import client_from_url, client_settings
 from ._leases import RedisLeases
 from ._streams import RedisStreams
 
-__all__ = ["RedisStreamsPubSub"]
+__all__ = ["RedisClusterPubSub", "RedisStreamsPubSub"]
 
 
 class RedisStreamsPubSub(RedisLeases, RedisStreams):
@@ -256,10 +258,12 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     """
 
     capabilities = RedisLeases.capabilities | RedisStreams.capabilities
+    _cluster_client = False
+    _client_kind = "redis.asyncio.Redis (a Sentinel master_for() client is one)"
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | RedisCluster,
         *,
         prefix: str = "tenure:",
         max_ttl_ms: int = 60_000,
@@ -275,12 +279,17 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         max_concurrency: int = 128,
         owns_client: bool = False,
     ) -> None:
-        if not isinstance(client, aioredis.Redis):
+        if isinstance(client, RedisCluster) != self._cluster_client:
             raise ConfigurationError(
-                "client must be a redis.asyncio.Redis (a Sentinel master_for() client is one), "
-                f"got {type(client).__name__}"
+                f"{type(self).__name__} takes a {self._client_kind}, got "
+                f"{type(client).__name__}"
+                + (" (use RedisClusterPubSub)" if isinstance(client, RedisCluster) else "")
             )
-        kwargs = client.connection_pool.connection_kwargs
+        if not isinstance(client, aioredis.Redis | RedisCluster):
+            raise ConfigurationError(
+                f"client must be a {self._client_kind}, got {type(client).__name__}"
+            )
+        kwargs = client_settings(client)
         if kwargs.get("decode_responses"):
             raise ConfigurationError("the Redis client must have decode_responses=False")
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
@@ -325,7 +334,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         )
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> RedisStreamsPubSub:
+    def from_url(cls, url: str, **options: Any) -> Self:
         """``redis://[user[:password]@]host[:port][/db][?…]`` or ``rediss://…`` (TLS),
         or ``redis+sentinel://[[user]:password@]host:port[,host:port…]/<service_name>[?db=N&…]``.
 
@@ -353,7 +362,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
-        return f"RedisStreamsPubSub({self._where}, prefix={self._prefix!r}{state})"
+        return f"{type(self).__name__}({self._where}, prefix={self._prefix!r}{state})"
 
     async def aclose(self) -> None:
         """Stop every reader and the listener, drop private groups, close connections."""
@@ -372,3 +381,41 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         if not getattr(self, "_closed", True) and getattr(self, "_subs", None):
             _warn(f"unclosed {self!r} with active subscriptions", ResourceWarning, stacklevel=1)
+
+
+class RedisClusterPubSub(RedisStreamsPubSub):
+    """:class:`RedisStreamsPubSub` on a Redis Cluster (``redis+cluster://``, or a
+    ``redis.asyncio.RedisCluster``).
+
+    Everything of the parent holds per key: every lease script touches one key
+    slot (the lease, its counter and the epoch marker of that slot for the
+    prefix, ``<prefix>{<tag in the slot>}:epoch``), and so does every event
+    script (the stream and its dedupe guards). redis-py routes each command by
+    its key's slot and follows ``MOVED``/``ASK`` (a redirected command did not
+    run, so re-sending it is safe); its retries after a connection failure are
+    off, as on one Redis. What differs:
+
+    - No ``BACKLOG`` (so not the thread runtime's ``RUNTIME_LOG``): a group's
+      backlog index would live in another slot than the streams it lists.
+    - Lease commands go through redis-py's per-node pools (no pipelined
+      connection), so ``min_replicas`` is refused (``WAIT`` must follow the
+      write on its connection).
+    - No connection runs the epoch check before its first command; instead the
+      acquire script compares the slot's marker with the node's replication ID
+      on every new grant (one ``INFO replication`` more per new grant), so a
+      failover inside the cluster is seen at the first grant in each slot.
+    - Release wake-ups listen on a plain connection to one primary
+      (``PUBLISH`` reaches every node).
+    - ``scan_leases`` scans every primary in turn; a key whose slot migrates
+      during a scan can be missed or listed late.
+    - The configuration check reads every primary: one evicting primary makes
+      the backend evicting, and ``appendfsync always`` counts only if all have it.
+
+    ``from_url("redis+cluster://[[user]:password@]host:port[,host:port…][?…]")``:
+    the hosts are startup nodes (any of the cluster's); options as in
+    :meth:`RedisStreamsPubSub.from_url`, without ``db`` (a cluster has one).
+    """
+
+    capabilities = RedisStreamsPubSub.capabilities & ~Capability.BACKLOG
+    _cluster_client = True
+    _client_kind = "redis.asyncio.RedisCluster"

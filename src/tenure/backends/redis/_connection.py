@@ -14,6 +14,7 @@ import hashlib
 import logging
 import math
 import uuid
+from binascii import crc_hqx
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -23,9 +24,11 @@ from typing import Any, cast
 from urllib.parse import SplitResult, unquote, unquote_plus, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.connection import URL_QUERY_ARGUMENT_PARSERS
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -33,7 +36,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..._errors import BackendUnavailable, ConfigurationError
 from ..._url import parse_query, redact, redact_url, to_bool, to_int
 
-__all__ = ["RedisConnection", "RedisParts", "Script", "client_from_url", "load_script"]
+__all__ = [
+    "RedisConnection",
+    "RedisParts",
+    "Script",
+    "client_from_url",
+    "client_settings",
+    "load_script",
+    "slot_tag",
+]
 
 logger = logging.getLogger("tenure.redis")
 
@@ -69,8 +80,40 @@ def _tag(name: str) -> bytes:
     return raw
 
 
+def client_settings(client: Any) -> dict[str, Any]:
+    """The connection settings of a ``Redis`` (its pool's) or a ``RedisCluster``."""
+    if isinstance(client, RedisCluster):
+        return client.connection_kwargs
+    return cast(dict[str, Any], client.connection_pool.connection_kwargs)
+
+
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+_SLOT_TAGS: list[bytes] = []
+
+
+def _slot_tags() -> list[bytes]:
+    """For each of a Redis Cluster's 16384 key slots, a short hash tag in it
+    (found by counting in hex; about 0.3 s, once per process)."""
+    if not _SLOT_TAGS:
+        tags: list[bytes | None] = [None] * 16384
+        left, i = 16384, 0
+        while left:
+            tag = b"%x" % i
+            slot = crc_hqx(tag, 0) % 16384
+            if tags[slot] is None:
+                tags[slot] = tag
+                left -= 1
+            i += 1
+        _SLOT_TAGS[:] = [t for t in tags if t is not None]
+    return _SLOT_TAGS
+
+
+def slot_tag(key: bytes) -> bytes:
+    """A hash tag in the key slot of ``key`` (a key whose tag is ``{<key's tag>}``)."""
+    return _slot_tags()[key_slot(key)]
 
 
 # -- URL options ---------------------------------------------------------------------
@@ -175,9 +218,13 @@ def client_from_url(url: str, options: dict[str, Any]) -> tuple[aioredis.Redis, 
         raise ConfigurationError(redact(str(exc), secrets)) from None
     parts = urlsplit(url)  # parse_query has parsed it
     scheme = parts.scheme.lower()
-    if scheme not in {"redis", "rediss", SENTINEL_SCHEME}:
+    if scheme not in {"redis", "rediss", SENTINEL_SCHEME, CLUSTER_SCHEME}:
         raise ConfigurationError(
-            redact(f"not a redis://, rediss:// or {SENTINEL_SCHEME}:// URL: {shown!r}", secrets)
+            redact(
+                f"not a redis://, rediss://, {SENTINEL_SCHEME}:// or {CLUSTER_SCHEME}:// URL: "
+                f"{shown!r}",
+                secrets,
+            )
         )
     for name in _RETRY_KEYWORDS:
         if name in options:
@@ -193,15 +240,19 @@ def client_from_url(url: str, options: dict[str, Any]) -> tuple[aioredis.Redis, 
     try:
         if scheme == SENTINEL_SCHEME:
             client = _sentinel_client(parts, rest, theirs)
+        elif scheme == CLUSTER_SCHEME:
+            client = _cluster_client(parts, rest, theirs)
         else:
             redis_url = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(rest), ""))
             client = aioredis.Redis.from_url(
                 redis_url, retry=Retry(NoBackoff(), 0), retry_on_timeout=False, **theirs
             )
         # Only builds a connection object: an option the connection class does
-        # not take fails here rather than at first use.
-        pool: Any = client.connection_pool
-        pool.make_connection()
+        # not take fails here rather than at first use. (RedisCluster's own
+        # signature refuses unknown options.)
+        if not isinstance(client, RedisCluster):
+            pool: Any = client.connection_pool
+            pool.make_connection()
     except (TypeError, ValueError, RedisError) as exc:
         secrets.append(str(theirs.get("password") or ""))
         raise ConfigurationError(
@@ -211,6 +262,33 @@ def client_from_url(url: str, options: dict[str, Any]) -> tuple[aioredis.Redis, 
 
 
 SENTINEL_SCHEME = "redis+sentinel"
+CLUSTER_SCHEME = "redis+cluster"
+
+
+def _hosts(parts: SplitResult, what: str) -> list[tuple[str, int]]:
+    """The ``host:port[,host:port…]`` of a Sentinel or Cluster URL."""
+    _, _, hostlist = parts.netloc.rpartition("@")
+    hosts = []
+    for item in hostlist.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{what} address {item!r} is not host:port")
+        hosts.append((host.strip("[]"), int(port)))
+    return hosts
+
+
+def _driver_options(parts: SplitResult, query: Sequence[str], options: dict[str, Any]) -> None:
+    """Add the query's driver options (parsed as redis-py parses them) and the
+    user-info to ``options``; keywords already there win."""
+    parsers = cast(dict[str, Callable[[str], Any]], URL_QUERY_ARGUMENT_PARSERS)
+    for segment in query:
+        name, _, value = segment.partition("=")
+        name, value = unquote(name), unquote(value)
+        options.setdefault(name, parsers.get(name, str)(value))
+    if parts.username:
+        options.setdefault("username", unquote(parts.username))
+    if parts.password:
+        options.setdefault("password", unquote(parts.password))
 
 
 def _sentinel_client(parts: SplitResult, query: Sequence[str], options: dict[str, Any]) -> Any:
@@ -224,25 +302,11 @@ def _sentinel_client(parts: SplitResult, query: Sequence[str], options: dict[str
     """
     from redis.asyncio.sentinel import Sentinel
 
-    _, _, hostlist = parts.netloc.rpartition("@")
     service = unquote(parts.path.strip("/"))
     if not service or "/" in service:
         raise ValueError("the path must be the Sentinel service name: /<service_name>")
-    sentinels = []
-    for item in hostlist.split(","):
-        host, _, port = item.strip().rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"sentinel address {item!r} is not host:port")
-        sentinels.append((host.strip("[]"), int(port)))
-    for segment in query:
-        name, _, value = segment.partition("=")
-        name, value = unquote(name), unquote(value)
-        parse = cast(dict[str, Callable[[str], Any]], URL_QUERY_ARGUMENT_PARSERS).get(name, str)
-        options.setdefault(name, parse(value))
-    if parts.username:
-        options.setdefault("username", unquote(parts.username))
-    if parts.password:
-        options.setdefault("password", unquote(parts.password))
+    sentinels = _hosts(parts, "sentinel")
+    _driver_options(parts, query, options)
     sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
     sentinel_options["retry"] = Retry(NoBackoff(), 0)
     options.pop("max_connections", None)  # the Sentinel pool is not bounded by it
@@ -250,6 +314,23 @@ def _sentinel_client(parts: SplitResult, query: Sequence[str], options: dict[str
     return sentinel.master_for(
         service, redis_class=aioredis.Redis, retry=Retry(NoBackoff(), 0), **options
     )
+
+
+def _cluster_client(parts: SplitResult, query: Sequence[str], options: dict[str, Any]) -> Any:
+    """The client of ``redis+cluster://[[user]:password@]host:port[,host:port…]``.
+
+    The hosts are startup nodes; redis-py learns the rest of the cluster from
+    them. Its retries are off: a connection failure is not re-sent (redirections,
+    ``MOVED`` and ``ASK``, still are: a redirected command did not run).
+    """
+    from redis.asyncio.cluster import ClusterNode
+
+    if parts.path.strip("/"):
+        raise ValueError("a Redis Cluster has one database: no path after the hosts")
+    nodes = [ClusterNode(host, port) for host, port in _hosts(parts, "cluster node")]
+    _driver_options(parts, query, options)
+    options.pop("retry_on_timeout", None)  # not a RedisCluster option; off anyway
+    return RedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **options)
 
 
 # -- the pipelined lease connection ----------------------------------------------------
@@ -491,14 +572,21 @@ class RedisConnection:
     the password is never shown.
     """
 
-    def __init__(self, client: aioredis.Redis, *, strict: bool, max_concurrency: int) -> None:
-        kwargs = client.connection_pool.connection_kwargs
+    def __init__(self, client: Any, *, strict: bool, max_concurrency: int) -> None:
+        kwargs = client_settings(client)
         self.client = client
         # redis-py leaves execute_command untyped; this also saves a lookup per call.
         self._execute = cast(Callable[..., Awaitable[Any]], client.execute_command)
-        pool: Any = client.connection_pool
+        #: A ``redis.asyncio.RedisCluster``: commands are routed by key slot.
+        self.cluster = isinstance(client, RedisCluster)
+        pool: Any = getattr(client, "connection_pool", None)
         self._sentinel: Any = getattr(pool, "sentinel_manager", None)
-        if self._sentinel is not None:  # a Sentinel-managed client
+        self._listen_client: aioredis.Redis | None = None
+        if self.cluster:
+            nodes = client.nodes_manager.startup_nodes.values()
+            seen = ",".join(f"{n.host}:{n.port}" for n in nodes)
+            self.where = f"cluster via {seen}"
+        elif self._sentinel is not None:  # a Sentinel-managed client
             seen = ",".join(
                 f"{c.connection_pool.connection_kwargs.get('host')}:"
                 f"{c.connection_pool.connection_kwargs.get('port')}"
@@ -518,7 +606,7 @@ class RedisConnection:
         # pool failing with "Too many connections" under a burst.
         self.slots = asyncio.Semaphore(max_concurrency)
         self.pipe: _Pipe | None = None
-        if str(kwargs.get("protocol") or 2) == "2":
+        if not self.cluster and str(kwargs.get("protocol") or 2) == "2":
             self.pipe = _Pipe(client.connection_pool, kwargs.get("socket_timeout"))
         self._strict = strict
         #: Read at first use: the server may evict keys (``maxmemory-policy``).
@@ -538,20 +626,29 @@ class RedisConnection:
             if not self.ready and self.config_error is None:
                 task = asyncio.current_task()
                 cancels = 0 if task is None else task.cancelling()
+                # On a cluster: every primary's answer; the worst one counts.
+                target = {"target_nodes": RedisCluster.PRIMARIES} if self.cluster else {}
                 with self.driver_errors:
-                    info = await self.client.info("memory")
+                    infos = await self.client.info("memory", **target)
                     try:
-                        config: dict[Any, Any] = await self.client.config_get("append*")
+                        configs = await self.client.config_get("append*", **target)
                     except ResponseError:  # CONFIG renamed or refused (managed services)
-                        config = {}
+                        configs = {}
                 if task is not None and task.cancelling() > cancels:
                     raise asyncio.CancelledError  # lost by redis-py: see ``io``
-                settings = {_text(k): _text(v) for k, v in config.items()}
-                self.durable = settings.get("appendonly") == "yes" and (
-                    settings.get("appendfsync") == "always"
+                if not self.cluster:
+                    infos, configs = {"": infos}, {"": configs}
+                durable = [
+                    {_text(k): _text(v) for k, v in config.items()} for config in configs.values()
+                ]
+                self.durable = bool(durable) and all(
+                    d.get("appendonly") == "yes" and d.get("appendfsync") == "always"
+                    for d in durable
                 )
-                policy = str(info.get("maxmemory_policy", "unknown"))
-                self.evicting = policy not in _EVICTING_POLICIES_OK
+                policies = {str(i.get("maxmemory_policy", "unknown")) for i in infos.values()}
+                evicting = sorted(policies - _EVICTING_POLICIES_OK)
+                policy = ", ".join(evicting)
+                self.evicting = bool(evicting)
                 if self.evicting:
                     message = (
                         f"Redis at {self.where} has maxmemory-policy {policy!r}: it can evict "
@@ -561,6 +658,7 @@ class RedisConnection:
                         self.config_error = ConfigurationError(message)
                     else:
                         logger.warning("%s", message)
+                await self.prepare_cluster()
                 self.ready = self.config_error is None
         if self.config_error is not None:
             raise self.config_error
@@ -684,6 +782,42 @@ class RedisConnection:
             if self._sentinel is not None:  # its connections to the sentinels
                 with contextlib.suppress(Exception):
                     await self._sentinel.aclose()
+        if self._listen_client is not None:
+            with contextlib.suppress(Exception):
+                await self._listen_client.aclose()
+
+    def pubsub(self) -> Any:
+        """A redis-py ``PubSub`` for release wake-ups.
+
+        On a cluster, on a plain connection to one primary: ``PUBLISH`` reaches
+        every node of a cluster, so any node hears every release.
+        """
+        if not self.cluster:
+            return self.client.pubsub()
+        if self._listen_client is None:
+            node = self.client.get_default_node()
+            kwargs = client_settings(self.client)
+            keep = ("username", "password", "socket_timeout", "socket_connect_timeout", "ssl")
+            self._listen_client = aioredis.Redis(
+                host=node.host,
+                port=node.port,
+                retry=Retry(NoBackoff(), 0),
+                **{k: kwargs[k] for k in keep if kwargs.get(k) is not None},
+            )
+        return self._listen_client.pubsub()
+
+    async def scan_targets(self) -> list[dict[str, Any]]:
+        """Keyword arguments that send a ``SCAN`` to each node holding keys."""
+        if not self.cluster:
+            return [{}]
+        if not self.ready:
+            await self.prepare()
+        return [{"target_nodes": node} for node in self.client.get_primaries()]
+
+    async def prepare_cluster(self) -> None:
+        """Build the slot tags (:func:`slot_tag`) off the event loop, once."""
+        if self.cluster and not _SLOT_TAGS:
+            await asyncio.to_thread(_slot_tags)
 
 
 class RedisParts:
@@ -691,7 +825,7 @@ class RedisParts:
     prefix and the instance's name."""
 
     def _setup_connection(
-        self, client: aioredis.Redis, *, prefix: str, strict: bool, max_concurrency: int
+        self, client: Any, *, prefix: str, strict: bool, max_concurrency: int
     ) -> None:
         conn = RedisConnection(client, strict=strict, max_concurrency=max_concurrency)
         self._conn = conn

@@ -17,9 +17,9 @@ from redis.exceptions import ResponseError
 
 from ..._contract import AcquireResult, LeaseRecord
 from ..._doctor import Finding
-from ..._errors import BackendUnavailable
+from ..._errors import BackendUnavailable, ConfigurationError
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore
-from ._connection import RedisParts, _tag, load_script
+from ._connection import RedisParts, _tag, load_script, slot_tag
 
 __all__ = ["RedisLeases"]
 
@@ -81,6 +81,12 @@ class RedisLeases(RedisParts, LeaseCore):
         self._min_replicas = min_replicas
         self._replica_wait_ms = replica_wait_ms
         self._marker = self._p + _MARKER
+        self._cluster = b"1" if self._conn.cluster else b"0"
+        if min_replicas and self._conn.pipe is None:
+            raise ConfigurationError(
+                "min_replicas needs the pipelined lease connection (WAIT counts the writes of "
+                "the connection it is sent on): not with a Redis Cluster or a RESP3 client"
+            )
         if quarantine_ms and self._conn.pipe is not None:
             # A new connection may reach another server (a failover, a restart):
             # look at its marker before the first command.
@@ -95,6 +101,13 @@ class RedisLeases(RedisParts, LeaseCore):
         base = self._p + b"{" + _tag(key) + b"}:"
         return base + b"lease", base + b"token"
 
+    def _marker_of(self, lease: bytes) -> bytes:
+        """The epoch marker for ``lease``: one per prefix; on a cluster, one per
+        prefix and key slot (a script touches one slot)."""
+        if self._conn.cluster:
+            return self._p + b"{" + slot_tag(lease) + b"}:" + _MARKER
+        return self._marker
+
     # -- the five methods ----------------------------------------------------------
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
@@ -108,12 +121,14 @@ class RedisLeases(RedisParts, LeaseCore):
             self._quarantine_ms,
             max(_COUNTER_KEEP_MS, 2 * ttl),
             b"1" if self._conn.evicting else b"0",
+            self._cluster,
         )
-        reply = await self._eval(_ACQUIRE, (lease, counter, self._marker), args)
+        keys = (lease, counter, self._marker_of(lease))
+        reply = await self._eval(_ACQUIRE, keys, args)
         if reply[0] == 3:
             # No marker, or keys were evicted: decide, record, and ask again.
-            await self._check_epoch()
-            reply = await self._eval(_ACQUIRE, (lease, counter, self._marker), args)
+            await self._check_epoch(keys[2])
+            reply = await self._eval(_ACQUIRE, keys, args)
         status = reply[0]
         if status == 1:
             if self._min_replicas:
@@ -150,13 +165,16 @@ class RedisLeases(RedisParts, LeaseCore):
             f"(a failover could lose it){undone}"
         )
 
-    async def _check_epoch(self) -> tuple[int, str]:
-        """Run ``epoch.lua``: has this server lost the prefix's lease state?
+    async def _check_epoch(self, marker: bytes | None = None) -> tuple[int, str]:
+        """Run ``epoch.lua`` on ``marker`` (by default the prefix's; on a cluster,
+        its first key slot's): has this server lost the prefix's lease state?
 
         Returns the quarantine left in ms (0: none) and its reason.
         """
+        if marker is None:
+            marker = self._marker_of(self._p + b"{}")
         reply = await self._eval(
-            _EPOCH, (self._marker,), (self._quarantine_ms, b"1" if self._conn.durable else b"0")
+            _EPOCH, (marker,), (self._quarantine_ms, b"1" if self._conn.durable else b"0")
         )
         left, reason = int(reply[0]), reply[1].decode("utf-8")
         self._note_quarantine(left, reason)
@@ -266,9 +284,23 @@ class RedisLeases(RedisParts, LeaseCore):
         head = self._p + b"{"
         pattern = _glob_literal(head + _tag(prefix)) + b"*" + _LEASE_SUFFIX
         seen: set[bytes] = set()
+        for target in await self._conn.scan_targets():
+            async for page in self._scan_node(head, pattern, seen, target):
+                yield page
+
+    async def _scan_node(
+        self, head: bytes, pattern: bytes, seen: set[bytes], target: dict[str, Any]
+    ) -> AsyncGenerator[list[tuple[str, LeaseRecord]], None]:
+        """``_scan`` on one server (a cluster's primary, by ``target``)."""
+        execute = self._client.execute_command
         cursor: bytes | int = 0
         while True:
-            cursor, found = await self._call("SCAN", cursor, "MATCH", pattern, "COUNT", PAGE)
+            reply = await self._io(
+                execute, "SCAN", cursor, "MATCH", pattern, "COUNT", PAGE, **target
+            )
+            cursor, found = reply
+            if isinstance(cursor, dict):  # a cluster's answer: the cursor by node
+                (cursor,) = cursor.values()
             leases = []
             for name in found:
                 tag = name[len(head) : -len(_LEASE_SUFFIX)]
@@ -318,7 +350,7 @@ class RedisLeases(RedisParts, LeaseCore):
                 return
             if not self._conn.ready:
                 await self._conn.prepare()
-            pubsub = self._client.pubsub()
+            pubsub = self._conn.pubsub()
             loop = asyncio.get_running_loop()
             try:
                 with self._conn.driver_errors:

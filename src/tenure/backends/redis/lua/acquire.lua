@@ -5,6 +5,8 @@
 -- ARGV[4]: how long an idle counter is kept, in ms.
 -- ARGV[5]: '1' when the server may evict keys (its eviction count is then
 -- compared with the marker's on every new grant).
+-- ARGV[6]: '1' on a Redis Cluster, where no new connection runs epoch.lua
+-- first: the replication ID is then compared with the marker's here.
 -- Lease value: "<token>:<owner>" (the token has no ':', the owner may).
 -- Returns {1, token} granted, {0, holder} held by another owner,
 -- {2, ms} refused for ms more because the server may have lost leases,
@@ -26,7 +28,12 @@ if ARGV[3] ~= '0' then
   if not m then
     return {3}
   end
-  local until_ms, evicted = string.match(m, '^(%d+):[^:]*:(%d+)$')
+  local until_ms, replid, evicted = string.match(m, '^(%d+):([^:]*):(%d+)$')
+  if ARGV[6] == '1' then
+    if string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') ~= replid then
+      return {3}
+    end
+  end
   if ARGV[5] == '1' then
     local now_evicted = string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)')
     if tonumber(now_evicted) > tonumber(evicted) then
