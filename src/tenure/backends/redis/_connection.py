@@ -30,7 +30,7 @@ from redis.backoff import NoBackoff
 from redis.connection import URL_QUERY_ARGUMENT_PARSERS
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._errors import BackendUnavailable, ConfigurationError
@@ -48,7 +48,8 @@ __all__ = [
 
 logger = logging.getLogger("tenure.redis")
 
-_DRIVER_ERRORS = (RedisError, OSError)
+# RedisClusterException is not a RedisError (e.g. "no targets were found").
+_DRIVER_ERRORS = (RedisError, RedisClusterException, OSError)
 _EVICTING_POLICIES_OK = {"noeviction"}
 
 # -- scripts -----------------------------------------------------------------------
@@ -253,7 +254,7 @@ def client_from_url(url: str, options: dict[str, Any]) -> tuple[aioredis.Redis, 
         if not isinstance(client, RedisCluster):
             pool: Any = client.connection_pool
             pool.make_connection()
-    except (TypeError, ValueError, RedisError) as exc:
+    except (TypeError, ValueError, RedisError, RedisClusterException) as exc:
         secrets.append(str(theirs.get("password") or ""))
         raise ConfigurationError(
             redact(f"cannot use Redis URL {shown!r}: {exc}", secrets)
