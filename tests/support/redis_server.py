@@ -353,7 +353,51 @@ class SentinelServer(RedisServer):
         return str(host), int(port)
 
 
-class RedisSentinels:
+class _Servers:
+    """Several servers started and closed together (a ``with`` block).
+
+    Subclasses set ``servers`` and write :meth:`start`; :meth:`close` closes
+    every server, also when :meth:`start` fails halfway.
+    """
+
+    servers: list[RedisServer]
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def server_at(self, port: int) -> RedisServer:
+        return next(s for s in self.servers if s.port == port)
+
+    @staticmethod
+    def _wait(check: Any, what: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class RedisSentinels(_Servers):
     """A master, ``replicas`` replicas and three sentinels: Redis as Sentinel runs it.
 
     ``url`` is tenure's ``redis+sentinel://`` URL of the service. The servers
@@ -373,9 +417,6 @@ class RedisSentinels:
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
         return f"redis+sentinel://{hosts}/{self.service}"
-
-    def server_at(self, port: int) -> RedisServer:
-        return next(s for s in self.servers if s.port == port)
 
     @property
     def master(self) -> RedisServer:
@@ -429,36 +470,12 @@ class RedisSentinels:
         self._wait(done, "the failover", timeout)
         return self.master
 
-    @staticmethod
-    def _wait(check: Any, what: str, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"timed out waiting for {what}")
-            time.sleep(0.05)
-
     def close(self) -> None:
         for server in [*self.sentinels, *self.servers]:
             server.close()
 
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class ClusterServers:
+class ClusterServers(_Servers):
     """A Redis Cluster of ``masters`` primaries (no replicas), made with
     ``redis-cli --cluster create``: ``url`` is tenure's ``redis+cluster://`` URL.
     """
@@ -500,11 +517,7 @@ class ClusterServers:
             capture_output=True,
             timeout=timeout,
         )
-        deadline = time.monotonic() + timeout
-        while not all(self._ok(s) for s in self.servers):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the cluster never reached cluster_state:ok")
-            time.sleep(0.05)
+        self._wait(lambda: all(self._ok(s) for s in self.servers), "cluster_state:ok", timeout)
 
     @staticmethod
     def _ok(server: RedisServer) -> bool:
@@ -519,26 +532,3 @@ class ClusterServers:
             if start <= slot <= end:
                 return self.server_at(int(port))
         raise RuntimeError(f"no node holds slot {slot}")
-
-    def server_at(self, port: int) -> RedisServer:
-        return next(s for s in self.servers if s.port == port)
-
-    def close(self) -> None:
-        for server in self.servers:
-            server.close()
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
