@@ -23,26 +23,33 @@ if v then
 end
 local t = redis.call('TIME')
 if ARGV[3] ~= '0' then
-  -- Only a new grant reads the marker: one GET, no INFO (unless keys can be evicted).
+  -- Only a new grant reads the marker: one GET. "0:…" (no quarantine, the
+  -- usual case) needs no parsing unless keys can be evicted or on a cluster.
   local m = redis.call('GET', KEYS[3])
   if not m then
     return {3}
   end
-  local until_ms, replid, evicted = string.match(m, '^(%d+):([^:]*):(%d+)$')
-  if ARGV[6] == '1' then
-    if string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') ~= replid then
-      return {3}
+  if string.byte(m, 1) ~= 48 or ARGV[5] == '1' or ARGV[6] == '1' then
+    local until_ms, replid, evicted = string.match(m, '^(%d+):([^:]*):(%d+)$')
+    if ARGV[6] == '1' then
+      if string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') ~= replid then
+        return {3}
+      end
     end
-  end
-  if ARGV[5] == '1' then
-    local now_evicted = string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)')
-    if tonumber(now_evicted) > tonumber(evicted) then
-      return {3}
+    if ARGV[5] == '1' then
+      local now_evicted = string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)')
+      if tonumber(now_evicted) > tonumber(evicted) then
+        return {3}
+      end
     end
-  end
-  local left = tonumber(until_ms) - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-  if left > 0 then
-    return {2, string.format('%.0f', left)}
+    local left = tonumber(until_ms) - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    if left > 0 then
+      return {2, string.format('%.0f', left)}
+    end
+    if until_ms ~= '0' then
+      -- The quarantine is over: record it, so later grants take the short way.
+      redis.call('SET', KEYS[3], '0' .. string.sub(m, #until_ms + 1))
+    end
   end
 end
 -- Tokens are at least the server's time in microseconds, so they keep
