@@ -45,8 +45,14 @@ if m then
     end
   elseif evicted > tonumber(old_evicted) then
     reason = 'it evicted keys'
+  elseif evicted < tonumber(old_evicted) then
+    reason = 'its statistics were reset (CONFIG RESETSTAT): evictions cannot be ruled out'
   end
   if not reason then
+    if old_id == replid then
+      local left = tonumber(old_until) - now_ms
+      return {left > 0 and left or 0, ''}  -- nothing changed: no write
+    end
     until_ms = tonumber(old_until)
   end
 else
