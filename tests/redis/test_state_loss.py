@@ -118,6 +118,24 @@ async def test_promoted_replica_without_the_last_grant_quarantines(
         assert (await new.acquire_lease("k", "bob", MAX_TTL)).acquired
 
 
+@pytest.mark.asyncio
+async def test_crash_restart_from_an_older_snapshot_quarantines(make_backend: MakeBackend) -> None:
+    """RDB persistence: the grant after the last snapshot is lost in a crash, the
+    marker (older) survives. The server's new replication ID gives it away, even
+    to a client that first connects long after the restart."""
+    with RedisServer(args=["--save", "3600 1"]) as server:
+        wait_uptime(server, seconds=3)
+        before = make_backend(server.url, max_ttl_ms=MAX_TTL)
+        assert (await before.acquire_lease("warm", "alice", MAX_TTL)).acquired
+        server.command("SAVE")
+        assert (await before.acquire_lease("k", "alice", MAX_TTL)).acquired
+        server.kill()
+        server.start()
+        wait_uptime(server, seconds=3)  # uptime alone would grant now
+        after = make_backend(server.url, max_ttl_ms=MAX_TTL)
+        assert refused_for_now(await after.acquire_lease("k", "bob", MAX_TTL))
+
+
 # -- first contact --------------------------------------------------------------------
 
 

@@ -82,14 +82,16 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     *Not detected*: an operator's ``DEL`` of lease keys or of the marker; a
     ``FLUSHALL`` followed by a restart of a durable server within
     ``max_ttl_ms`` (the restart clears the command statistics), or
-    ``CONFIG RESETSTAT`` after one; a failover where the client keeps talking
+    ``CONFIG RESETSTAT`` after a flush (a reset eviction count is taken as a
+    possible eviction); a failover where the client keeps talking
     to the old address (a plain ``redis://`` URL whose host moved; Sentinel
-    and Cluster clients reconnect, and reconnecting runs the check); an
-    AOF with ``appendfsync everysec`` that a crash cut short is counted as a
-    restart without durable persistence only through the uptime rule, so a
-    client that first connects more than ``max_ttl_ms`` after it started sees
-    nothing. In those cases a key can have two owners for up to one TTL;
-    fencing tokens still increase (see **Clock**). For leases, run Redis with
+    clients reconnect, and reconnecting runs the check; on a Cluster every
+    new grant compares the replication ID). In those cases a key can have two
+    owners for up to one TTL; fencing tokens still increase (see **Clock**).
+    A restart from an RDB snapshot or an AOF without ``appendfsync always`` is
+    seen through the server's new replication ID (Redis 7.0 draws a new one
+    at start; a version that kept it across a restart would hide a
+    snapshot's lost writes). For leases, run Redis with
     ``appendonly yes``, ``appendfsync always`` and ``maxmemory-policy
     noeviction``. ``quarantine=False`` turns all of this off (every acquire
     then skips the marker).
