@@ -14,12 +14,11 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 
-from tenure import from_url
 from tenure.backends.redis import RedisClusterPubSub
 from tenure.testing import LeaseContract, PubSubContract
 from tests.support.redis_server import ClusterServers
 
-from ..redis.helpers import delete_prefix
+from ..redis.helpers import backend_on_prefix
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +31,10 @@ def cluster() -> Iterator[ClusterServers]:
 async def cluster_backend(
     cluster: ClusterServers, unique: str
 ) -> AsyncIterator[RedisClusterPubSub]:
-    prefix = f"tenure-test-{unique}:"
-    backend = from_url(cluster.url, prefix=prefix, socket_timeout=2.0)
-    assert isinstance(backend, RedisClusterPubSub)
-    try:
+    nodes = [server.url for server in cluster.servers]
+    async with backend_on_prefix(cluster.url, unique, nodes, one_by_one=True) as backend:
+        assert isinstance(backend, RedisClusterPubSub)
         yield backend
-    finally:
-        await backend.aclose()
-        for server in cluster.servers:
-            await delete_prefix(server.url, prefix, one_by_one=True)
 
 
 class TestRedisClusterLeases(LeaseContract):

@@ -13,12 +13,11 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 
-from tenure import from_url
 from tenure.backends.redis import RedisStreamsPubSub
 from tenure.testing import LeaseContract, PubSubContract
 from tests.support.redis_server import RedisSentinels
 
-from ..redis.helpers import delete_prefix
+from ..redis.helpers import backend_on_prefix
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +30,8 @@ def sentinels() -> Iterator[RedisSentinels]:
 async def sentinel_backend(
     sentinels: RedisSentinels, unique: str
 ) -> AsyncIterator[RedisStreamsPubSub]:
-    prefix = f"tenure-test-{unique}:"
-    backend = from_url(sentinels.url, prefix=prefix, socket_timeout=2.0)
-    assert isinstance(backend, RedisStreamsPubSub)
-    try:
+    async with backend_on_prefix(sentinels.url, unique, [sentinels.master.url]) as backend:
         yield backend
-    finally:
-        await backend.aclose()
-        await delete_prefix(sentinels.master.url, prefix)
 
 
 class TestRedisSentinelLeases(LeaseContract):

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
 import redis.asyncio as aioredis
+
+from tenure._url import backend_class
+from tenure.backends.redis import RedisStreamsPubSub
 
 
 async def delete_prefix(url: str, prefix: str, *, one_by_one: bool = False) -> int:
@@ -29,3 +35,21 @@ async def delete_prefix(url: str, prefix: str, *, one_by_one: bool = False) -> i
     finally:
         await client.aclose()
     return deleted
+
+
+@contextlib.asynccontextmanager
+async def backend_on_prefix(
+    url: str, unique: str, nodes: Sequence[str], *, one_by_one: bool = False
+) -> AsyncIterator[RedisStreamsPubSub]:
+    """The backend of ``url`` (its scheme's class) under a prefix of its own;
+    at the end it is closed and the prefix's keys deleted on every URL of ``nodes``."""
+    prefix = f"tenure-test-{unique}:"
+    backend: RedisStreamsPubSub = backend_class(url).from_url(
+        url, prefix=prefix, socket_timeout=2.0
+    )
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+        for node in nodes:
+            await delete_prefix(node, prefix, one_by_one=one_by_one)
