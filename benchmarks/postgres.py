@@ -65,7 +65,12 @@ ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = t.token + 1,
 WHERE t.owner IS NULL OR t.deadline <= clock_timestamp() OR t.owner = excluded.owner
 RETURNING t.token
 """
-RAW_RELEASE = "UPDATE {table} SET owner = NULL WHERE key = %(key)s AND owner = %(owner)s"
+# With tenure's durability: a release commits without waiting for the WAL flush
+# (losing one in a crash only lets the lease expire), a grant waits for it.
+RAW_RELEASE = (
+    "UPDATE {table} SET owner = NULL WHERE key = %(key)s AND owner = %(owner)s"
+    " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+)
 
 
 class Raw:

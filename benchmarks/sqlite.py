@@ -1,6 +1,6 @@
 """SQLite backend benchmark: tenure against raw sqlite3 doing the same writes, in the same run.
 
-Usage: ``python benchmarks/sqlite.py [--cycles N] [--seconds S]``
+Usage: ``python benchmarks/sqlite.py [--cycles N] [--seconds S] [--baseline REF] [--wake-only]``
 
 1. Sequential acquire+release cycles. The baseline issues the same statements
    (BEGIN IMMEDIATE, the lease read, the token bump, the insert, COMMIT; then
@@ -11,8 +11,14 @@ Usage: ``python benchmarks/sqlite.py [--cycles N] [--seconds S]``
 2. Four processes contending on the same 100 keys (acquire, release when won),
    tenure and raw, each for ``--seconds``.
 3. ``renew_leases`` of 10,000 keys in one call.
-4. Cross-process delivery latency (publisher in a child process) and the CPU
-   used by an idle subscriber.
+4. Wake-ups across processes, this tree against a baseline git ref (default
+   ``main``, extracted with ``git archive``; ``--baseline ''`` for none), in
+   interleaved slices of the same run: delivery latency (publisher in a child
+   process, from ``created_at`` to the callback: p50, p99), hand-off (a holder
+   in a child process releases, a waiter blocked in ``acquire_wait`` takes the
+   lease: median, p90, on the host's monotonic clock) and the CPU an idle
+   subscriber process uses (``/proc/<pid>/task/*/schedstat`` over
+   ``--idle-seconds``, every tree at once). ``--wake-only`` runs only this.
 """
 
 from __future__ import annotations
@@ -284,36 +290,52 @@ async def batch_renew(path: str) -> None:
     )
 
 
+# -- 4. wake-ups across processes, this tree against a baseline ref -------------------------
+# Every measurement runs in child processes whose PYTHONPATH picks the tree, so the
+# baseline (by default main, extracted with git archive) and this tree alternate
+# in short slices of the same run.
+
+
+def baseline_src(ref: str, tmp: str) -> str:
+    """The ``src`` directory of git ``ref`` of this repository, extracted under ``tmp``."""
+    repo = Path(__file__).resolve().parent.parent
+    out = Path(tmp) / "baseline"
+    out.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", ref, "src"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return str(out / "src")
+
+
+def tree_env(src: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    return env
+
+
+def role(src: str | None, *args: str) -> dict[str, Any]:
+    """Run ``sqlite.py --ROLE ARGS`` on the tree ``src``; its last stdout line, as JSON."""
+    out = subprocess.run(
+        [sys.executable, __file__, *args], env=tree_env(src), stdout=subprocess.PIPE, check=True
+    ).stdout  # its stderr shows, should it fail
+    doc: dict[str, Any] = json.loads(out.decode().splitlines()[-1])
+    return doc
+
+
 async def publisher_worker(path: str, count: int) -> None:
+    rng = random.Random(2)
     async with SqlitePubSub(path) as backend:
         for i in range(count):
+            # Random gaps: a publish falls at a random point of a polling cycle.
+            await asyncio.sleep(rng.uniform(0.01, 0.03))
             await backend.publish("latency", Event(type="ping", data=i))
-            await asyncio.sleep(0.02)
 
 
-async def idle_cpu(path: str, poll_interval: float | None) -> None:
-    async def on_event(event: Event) -> None:
-        pass
-
-    options: dict[str, Any] = {} if poll_interval is None else {"poll_interval": poll_interval}
-    async with SqlitePubSub(path, **options) as backend:
-        if poll_interval is not None:
-            await backend.subscribe("idle", on_event)
-        await asyncio.sleep(0.5)
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        await asyncio.sleep(5.0)
-        cpu = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
-    what = (
-        "no subscriber (process baseline)"
-        if poll_interval is None
-        else (f"idle subscriber, poll_interval={poll_interval} s")
-    )
-    print(f"CPU of the whole process, {what}: {cpu * 100:.2f}% of one core")
-
-
-async def latency(path: str) -> None:
+async def delivery_role(path: str, count: int) -> None:
+    """Subscribe here, publish from a child process; latency from ``created_at`` to the callback."""
     latencies: list[float] = []
-    count = 200
     all_in = asyncio.Event()
 
     async def on_event(event: Event) -> None:
@@ -329,18 +351,148 @@ async def latency(path: str) -> None:
         )
         await child.wait()
         await backend.flush()
-        try:
-            await asyncio.wait_for(all_in.wait(), 5)
-        except TimeoutError:
-            print(f"  only {len(latencies)} of {count} events arrived")
+        await asyncio.wait_for(all_in.wait(), 10)
         await backend.unsubscribe("latency", on_event)
-    lat = sorted(x * 1000 for x in latencies)
-    p50 = lat[len(lat) // 2]
-    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-    print(
-        f"cross-process delivery (default poll_interval), {len(lat)} events: p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
-        f"max {lat[-1]:.1f} ms"
+    print(json.dumps({"latencies": latencies}))
+
+
+async def holder_role(path: str) -> None:
+    """For each ``hold`` line: take the key; then at the next line note the time and release it."""
+    loop = asyncio.get_running_loop()
+    async with SqlitePubSub(path) as backend:
+        while (await loop.run_in_executor(None, sys.stdin.readline)).strip() == "hold":
+            # The waiter released it before asking again.
+            assert (await backend.acquire_lease("handoff", "holder", TTL_MS)).acquired
+            print("held", flush=True)
+            await loop.run_in_executor(None, sys.stdin.readline)
+            released_at = time.monotonic()  # one clock for every process of the host
+            await backend.release_lease("handoff", "holder")
+            print(json.dumps({"released_at": released_at}), flush=True)
+
+
+async def handoff_role(path: str, count: int) -> None:
+    """A holder in a child process releases; the waiter here blocks in ``acquire_wait``."""
+    import tenure
+
+    rng = random.Random(3)
+    samples: list[float] = []
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--holder",
+        path,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
     )
+    assert child.stdin is not None and child.stdout is not None
+    async with SqlitePubSub(path) as backend:
+        for _ in range(count):
+            child.stdin.write(b"hold\n")
+            assert (await child.stdout.readline()).strip() == b"held"
+            task = asyncio.create_task(
+                tenure.acquire_wait(backend, "handoff", "waiter", TTL_MS, timeout=10)
+            )
+            await asyncio.sleep(rng.uniform(0.02, 0.12))  # parked, like a real waiter
+            assert not task.done()
+            child.stdin.write(b"release\n")
+            released_at = json.loads(await child.stdout.readline())["released_at"]
+            await task
+            samples.append(time.monotonic() - released_at)
+            await backend.release_lease("handoff", "waiter")
+        child.stdin.write(b"stop\n")
+        await child.wait()
+    print(json.dumps({"handoffs": samples}))
+
+
+async def idle_role(path: str) -> None:
+    async def on_event(event: Event) -> None:
+        pass
+
+    async with SqlitePubSub(path) as backend:
+        await backend.subscribe("idle", on_event)
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of ``pid`` so far (schedstat: nanoseconds; else stat: ticks)."""
+    tasks = Path(f"/proc/{pid}/task")
+    try:
+        return sum(int((t / "schedstat").read_text().split()[0]) for t in tasks.iterdir()) / 1e9
+    except (OSError, ValueError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu(trees: dict[str, str | None], tmp: str, seconds: float) -> dict[str, float]:
+    """Idle subscribers of every tree at once, each on a file of its own; CPU over ``seconds``."""
+    procs = {
+        label: subprocess.Popen(
+            [sys.executable, __file__, "--idle", str(Path(tmp) / f"idle-{n}.db")],
+            env=tree_env(src),
+            stdout=subprocess.PIPE,
+        )
+        for n, (label, src) in enumerate(trees.items())
+    }
+    try:
+        for proc in procs.values():
+            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        time.sleep(1.0)  # past start-up
+        start = {label: cpu_seconds(p.pid) for label, p in procs.items()}
+        wall = time.perf_counter()
+        time.sleep(seconds)
+        wall = time.perf_counter() - wall
+        return {label: (cpu_seconds(p.pid) - start[label]) / wall for label, p in procs.items()}
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def wake_comparison(
+    trees: dict[str, str | None], tmp: str, slices: int, events: int, handoffs: int, idle: float
+) -> None:
+    load_before = os.getloadavg()[0]
+    delivery: dict[str, list[float]] = {label: [] for label in trees}
+    handoff: dict[str, list[float]] = {label: [] for label in trees}
+    labels = list(trees)
+    for i in range(slices):
+        for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
+            src = trees[label]
+            db = str(Path(tmp) / f"wake-{label}-{i}.db")
+            delivery[label] += role(src, "--delivery", db, str(events))["latencies"]
+            handoff[label] += role(src, "--handoff", db, str(handoffs))["handoffs"]
+    cpu = idle_cpu(trees, tmp, idle)
+    load_after = os.getloadavg()[0]
+    print(
+        f"wake-ups across processes ({slices} interleaved slices of {events} events and "
+        f"{handoffs} hand-offs per tree; idle CPU of a subscriber over {idle:.0f} s, all trees at once):"
+    )
+    print(
+        f"  {'tree':10s} {'delivery p50':>12s} {'p99':>8s} {'hand-off median':>16s} {'p90':>8s} "
+        f"{'idle CPU':>9s}"
+    )
+    for label in labels:
+        d = [x * 1000 for x in delivery[label]]
+        h = [x * 1000 for x in handoff[label]]
+        print(
+            f"  {label:10s} {statistics.median(d):9.2f} ms {_pct(d, 0.99):5.1f} ms "
+            f"{statistics.median(h):13.2f} ms {_pct(h, 0.9):5.1f} ms {cpu[label] * 100:8.2f}%"
+        )
+    print("  goals: delivery p50 < 1 ms, p99 < 5 ms; hand-off median < 1 ms; idle < 0.2% of a core")
+    print(f"  load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
+    if len(labels) == 2:
+        old, new = labels
+        ratio = statistics.median(delivery[old]) / statistics.median(delivery[new])
+        hratio = statistics.median(handoff[old]) / statistics.median(handoff[new])
+        print(
+            f"  {new} is {ratio:.1f}x faster in delivery p50 and {hratio:.1f}x in hand-off than {old}"
+        )
 
 
 def main() -> None:
@@ -348,18 +500,40 @@ def main() -> None:
         kind, path, owner, seconds, go = sys.argv[2:7]
         asyncio.run(contend_worker(kind, path, owner, float(seconds), go))
         return
-    if len(sys.argv) > 1 and sys.argv[1] == "--publisher":
-        asyncio.run(publisher_worker(sys.argv[2], int(sys.argv[3])))
+    roles: dict[str, Callable[..., Any]] = {
+        "--publisher": lambda path, n: publisher_worker(path, int(n)),
+        "--delivery": lambda path, n: delivery_role(path, int(n)),
+        "--handoff": lambda path, n: handoff_role(path, int(n)),
+        "--holder": holder_role,
+        "--idle": idle_role,
+    }
+    if len(sys.argv) > 1 and sys.argv[1] in roles:
+        asyncio.run(roles[sys.argv[1]](*sys.argv[2:]))
         return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--baseline",
+        default="main",
+        help="git ref the wake-up figures are compared with ('' for none)",
+    )
+    parser.add_argument("--wake-only", action="store_true", help="only the wake-up comparison")
+    parser.add_argument("--slices", type=int, default=6)
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
     args = parser.parse_args()
     print(
         f"sqlite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
     )
     with tempfile.TemporaryDirectory() as tmp:
+        trees: dict[str, str | None] = {}
+        if args.baseline:
+            trees[args.baseline] = baseline_src(args.baseline, tmp)
+        trees["this tree"] = None
+        if args.wake_only:
+            wake_comparison(trees, tmp, args.slices, 40, 15, args.idle_seconds)
+            return
         path = str(Path(tmp) / "bench.db")
         asyncio.run(sequential(path, args.cycles, args.rounds))
         print(f"four processes contending on the same 100 keys, {args.seconds:.0f} s each:")
@@ -371,9 +545,7 @@ def main() -> None:
             print(f"  {label:26s}  {rate:9.0f} lease ops/s  ({wins} grants)")
         print(f"  ratio tenure / baseline     {rates['tenure'] / rates['raw']:9.2f}")
         asyncio.run(batch_renew(path))
-        asyncio.run(latency(str(Path(tmp) / "latency.db")))
-        for interval in (None, 0.01, 0.005):
-            asyncio.run(idle_cpu(str(Path(tmp) / "idle.db"), interval))
+        wake_comparison(trees, tmp, args.slices, 40, 15, args.idle_seconds)
 
 
 if __name__ == "__main__":

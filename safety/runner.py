@@ -43,7 +43,7 @@ PROXY_FAULTS = ["proxy-blackhole", "proxy-reset", "proxy-drop-reply"]
 
 @dataclass
 class RunConfig:
-    backend: str  # memory | sqlite | redis | redis-aof | redis-sentinel | postgres
+    backend: str  # memory | sqlite | redis | redis-aof | redis-sentinel | postgres | etcd
     duration_s: float = 30.0
     seed: int = 1
     lease_clients: int = 12
@@ -451,6 +451,76 @@ class PostgresEnv(Env):
         await asyncio.to_thread(self.server.close)
 
 
+class EtcdEnv(Env):
+    """A 3-member etcd cluster: the fault proxy sits in front of member 0's
+    client port (the clients know the other two directly), and the server
+    faults hit the cluster: the leader killed and restarted, a member paused,
+    the leader cut off from the others."""
+
+    def __init__(self, rnd: random.Random) -> None:
+        super().__init__()
+        self.rnd = rnd
+
+    async def start(self, workdir: Path, label: str) -> None:
+        from tests.support.etcd_server import EtcdCluster
+
+        cluster = self.cluster = EtcdCluster(size=3, proxied=True)
+        await asyncio.to_thread(cluster.__enter__)
+        self.proxy = await Proxy("127.0.0.1", cluster.client_ports[0]).start()
+        members = ",".join([f"127.0.0.1:{self.proxy.port}", *cluster.endpoints[1:]])
+        self.url = f"etcd://{members}?prefix={label}/&timeout=1.5"
+        killed: list[int] = []
+        paused: list[int] = []
+        cut: list[int] = []
+
+        async def leader_kill() -> None:
+            leader = await asyncio.to_thread(cluster.leader)
+            cluster.kill(leader)
+            killed.append(leader)
+
+        async def restart() -> None:
+            while killed:
+                await asyncio.to_thread(cluster.start, killed.pop())
+
+        async def pause() -> None:
+            member = self.rnd.randrange(cluster.size)
+            cluster.pause(member)
+            paused.append(member)
+
+        async def resume() -> None:
+            while paused:
+                cluster.resume(paused.pop())
+
+        async def partition() -> None:
+            leader = await asyncio.to_thread(cluster.leader)
+            await asyncio.to_thread(cluster.partition, leader)
+            cut.append(leader)
+
+        async def heal() -> None:
+            while cut:
+                await asyncio.to_thread(cluster.heal, cut.pop())
+
+        self.server_faults = ServerFaults(
+            {
+                "etcd-leader-kill": (leader_kill, restart),
+                "etcd-member-pause": (pause, resume),
+                "etcd-leader-partition": (partition, heal),
+            }
+        )
+        self.kinds = [
+            *CLIENT_FAULTS,
+            *CLIENT_FAULTS,
+            *PROXY_FAULTS,
+            "etcd-leader-kill",
+            "etcd-member-pause",
+            "etcd-leader-partition",
+        ]
+
+    async def close(self) -> None:
+        await super().close()
+        await asyncio.to_thread(self.cluster.close)
+
+
 def _env(kind: str, rnd: random.Random) -> Env:
     if kind == "sqlite":
         return SqliteEnv()
@@ -462,6 +532,8 @@ def _env(kind: str, rnd: random.Random) -> Env:
         return RedisSentinelEnv()
     if kind == "postgres":
         return PostgresEnv(rnd)
+    if kind == "etcd":
+        return EtcdEnv(rnd)
     raise ValueError(f"unknown backend {kind!r}")
 
 

@@ -137,6 +137,17 @@ async def test_sqlite_permissions_and_durability(tmp_path: Path) -> None:
     assert not missing_dir.parent.exists()
 
 
+@pytest.mark.asyncio
+async def test_sqlite_wake_up_sockets_are_checked(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * max(1, 110 - len(str(tmp_path))))
+    for file, level in ((tmp_path / "leases.db", "ok"), (deep / "leases.db", "warn")):
+        async with tenure.from_url(f"sqlite:///{file}") as backend:
+            await backend.get_lease_owner("k")  # creates the file
+        found = await _findings(f"sqlite:///{file}")
+        assert found["wake-ups"].level == level
+    assert "107 bytes" in found["wake-ups"].detail
+
+
 def test_the_filesystem_is_read_from_the_mount_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,6 +20,7 @@ EXPECTED = [
     "EventBackend",
     "HeldLease",
     "InvalidArgument",
+    "LeaseFence",
     "LeaseLost",
     "LeaseProvider",
     "LeaseRecord",

@@ -58,6 +58,7 @@ __all__ = [
 ]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+WORKER_FAILED = 70  # a worker's exit status when its main task raised (worker.py)
 BACKENDS = ("sqlite", "redis", "postgres")
 KINDS: dict[str, list[str]] = {
     "sqlite": ["owner-kill", "owner-kill", "owner-pause", "owner-pause", "sender-kill"],
@@ -127,10 +128,13 @@ class ThreadRunResult:
     workdir: str
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
+    # Workers whose main task died of an exception (exit status 70, traceback
+    # in their .stderr): a failure of the run whatever the checkers say.
+    failed_workers: list[str] = field(default_factory=list)
 
     @property
     def violations(self) -> int:
-        return self.report.violations
+        return self.report.violations + len(self.failed_workers)
 
     def figure_line(self) -> str:
         r, c = self.report, self.config
@@ -160,6 +164,7 @@ class ThreadRunResult:
                 if self.drained_s is not None
                 else "NOT drained after healing"
             )
+            + (f"; WORKERS FAILED: {', '.join(self.failed_workers)}" if self.failed_workers else "")
         )
 
 
@@ -454,8 +459,11 @@ class Injector:
     async def _after_sender_kill(self, victim: str, armed: int) -> None:
         proc = self.pool.procs[victim]
         try:
-            await asyncio.wait_for(asyncio.to_thread(proc.wait), 5)
-        except TimeoutError:
+            # proc.wait's own timeout: a thread stuck in an endless wait would
+            # be lost to the executor each time (six such and every later
+            # to_thread call, faults included, waits forever).
+            await asyncio.to_thread(proc.wait, 5)
+        except subprocess.TimeoutExpired:
             # It sent nothing more (its sending ended): not the fault we wanted.
             self.counts["sender-kill (not injected: no send)"] += 1
             return
@@ -555,7 +563,9 @@ async def run_threads(rc: ThreadRunConfig) -> ThreadRunResult:
         injector.close()
         await env.close()
     report = await asyncio.to_thread(check_dir, workdir, rc)
+    failed = sorted(n for n, p in pool.procs.items() if p.returncode == WORKER_FAILED)
     result = ThreadRunResult(
+        failed_workers=failed,
         config=rc,
         report=report,
         faults=dict(sorted(injector.counts.items())),
@@ -570,6 +580,7 @@ async def run_threads(rc: ThreadRunConfig) -> ThreadRunResult:
                 "config": asdict(rc),
                 "figure": result.figure_line(),
                 "violations": report.describe(50),
+                "failed_workers": result.failed_workers,
                 "duplicates": len(report.duplicates),
             },
             indent=2,

@@ -136,6 +136,17 @@ class Worker:
             await asyncio.sleep(self.rnd.uniform(lo, hi) / 1000)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        except BaseException:
+            # Said at once, with its cause, and the process ends: left to
+            # asyncio.run's teardown, a pool that was never closed keeps it
+            # alive forever, and the run would only show "not drained".
+            logger.exception("worker %s failed", self.cfg.name)
+            logging.shutdown()
+            os._exit(70)  # runner.WORKER_FAILED
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGUSR1, self._arm_kill)
         await self.start()

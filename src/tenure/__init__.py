@@ -29,7 +29,7 @@ from ._errors import (
     TenureError,
 )
 from ._hold import HeldLease, acquire_wait, hold, renew_many
-from ._pubsub import Event, PubSub
+from ._pubsub import Event, LeaseFence, PubSub
 from ._url import default_url, from_url
 from .runtime import RuntimeEvent, SendResult, Signal, ThreadRun, ThreadRuntime
 
@@ -48,6 +48,7 @@ __all__ = [
     "EventBackend",
     "HeldLease",
     "InvalidArgument",
+    "LeaseFence",
     "LeaseLost",
     "LeaseProvider",
     "LeaseRecord",

@@ -132,6 +132,10 @@ class Capability(enum.Flag):
     #: ``backlog(prefix, group) -> list[str]``: the topics starting with ``prefix``
     #: whose ``group`` has events not yet acknowledged (unread or in flight).
     BACKLOG = enum.auto()
+    #: ``subscribe(..., fence=LeaseFence(key, owner_prefix))``: a member takes
+    #: events only while that lease is held by an owner with that prefix,
+    #: checked in the same transaction as the take (a stale reader takes nothing).
+    FENCED_TAKES = enum.auto()
 
     #: Every lease extension: what each of tenure's own backends declares.
     LEASES = RECORD | RENEW_MANY | RELEASE_WAKEUPS | ATOMIC_TRANSFER

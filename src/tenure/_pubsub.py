@@ -19,6 +19,7 @@ from ._validate import check_name
 __all__ = [
     "Callback",
     "Event",
+    "LeaseFence",
     "PubSub",
     "check_backlog",
     "check_callback",
@@ -76,6 +77,32 @@ class Event:
 
 
 Callback = Callable[[Event], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseFence:
+    """Take events for a subscription only while ``key`` is held by an owner
+    starting with ``owner_prefix`` (``Capability.FENCED_TAKES``).
+
+    The backend checks the lease in the same transaction that takes the events,
+    so a subscriber whose lease is gone takes nothing, however late its request
+    reaches the server: what the lease's next holder reclaimed, or is about to
+    read, stays for that holder. A prefix, not one owner, so that the lease can
+    move between owners of the same subscriber (the runtime's runs of one
+    session) without fencing it out.
+    """
+
+    key: str
+    owner_prefix: str
+
+    def __post_init__(self) -> None:
+        check_name(self.key, "fence.key")
+        if not isinstance(self.owner_prefix, str) or not self.owner_prefix:
+            raise InvalidArgument("fence.owner_prefix must be a non-empty str")
+        try:
+            self.owner_prefix.encode()
+        except UnicodeEncodeError:
+            raise InvalidArgument("fence.owner_prefix must be encodable as UTF-8") from None
 
 
 def prepare_event(event: Any) -> Event:
@@ -155,11 +182,13 @@ def check_publish(topic: Any, event: Any) -> tuple[Event, bool]:
     return prepare_event(event), isinstance(event, Event) and bool(event.id)
 
 
-def check_subscribe(topic: Any, callback: Any, group: Any) -> None:
+def check_subscribe(topic: Any, callback: Any, group: Any, fence: Any = None) -> None:
     """The arguments of ``subscribe``."""
     check_name(topic, "topic")
     check_callback(callback)
     check_group(group)
+    if fence is not None and not isinstance(fence, LeaseFence):
+        raise InvalidArgument(f"fence must be a tenure.LeaseFence, got {type(fence).__name__}")
 
 
 def check_backlog(prefix: Any, group: Any) -> None:

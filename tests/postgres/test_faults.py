@@ -419,3 +419,41 @@ async def test_a_cancellation_from_outside_is_not_turned_into_an_error(
             await asyncio.wait_for(provider.renew_lease("k", "alice", 60_000), 0.3)
         proxy.set_mode("pass")
         assert await provider.renew_lease("k", "alice", 60_000)
+
+
+@pytest.mark.asyncio
+async def test_a_time_limit_swallowed_below_still_leaves_later_limits_working(
+    postgres_url: str, schema: str
+) -> None:
+    """The call time limit cancels the caller's task; on Python 3.11,
+    ``asyncio.wait_for`` (which psycopg_pool uses while waiting for a
+    connection) can swallow a cancellation that races with its result, and the
+    call then returns normally. The limit must withdraw its cancellation all
+    the same: left counted, it made every later time-out of that task look like
+    a cancellation from outside, and a bare ``CancelledError`` escaped
+    ``send_signal`` (seen in a PostgreSQL thread soak: the worker's task died).
+
+    The race itself cannot be forced on demand, so a stand-in coroutine
+    swallows the cancellation the way ``wait_for`` does; the later call hangs
+    for real, in front of a black hole."""
+
+    async def swallowing() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            pass  # what 3.11's wait_for does when its inner future just finished
+        return "done"
+
+    async with (
+        _proxied(postgres_url) as (proxy, via_proxy),
+        PostgresLeaseProvider.from_url(f"{via_proxy}?call_timeout=0.2", schema=schema) as provider,
+    ):
+        assert (await provider.acquire_lease("k", "alice", 30_000)).acquired
+        conn = provider._conn
+        assert await conn.bounded("swallowed", swallowing()) == "done"
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0
+        proxy.set_mode("blackhole")
+        with pytest.raises(BackendUnavailable, match="no answer to renew_lease"):
+            await provider.renew_lease("k", "alice", 30_000)
+        proxy.set_mode("pass")

@@ -39,6 +39,12 @@ async def test_threads_show_owner_token_and_unfinished_signals(
     backend_url: str, unique: str
 ) -> None:
     namespace = f"status-{unique}"
+    async with tenure.from_url(backend_url) as probe:
+        if tenure.Capability.EVENTS not in tenure.capabilities_of(probe):
+            # A lease-only backend (etcd://) carries no signals: the runtime refuses it.
+            with pytest.raises(tenure.ConfigurationError, match=r"Capability\.EVENTS"):
+                ThreadRuntime(probe, _idle, namespace=namespace)
+            return
     release = asyncio.Event()
     handled: list[object] = []
 

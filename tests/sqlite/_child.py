@@ -19,6 +19,7 @@ from typing import Any
 
 from tenure import Event
 from tenure.backends.sqlite import SqlitePubSub
+from tenure.testing import eventually
 
 
 def say(**doc: Any) -> None:
@@ -120,6 +121,40 @@ async def holder(db: str, key: str) -> None:
         say(released=True)
 
 
+async def waiter(db: str, key: str, poll_interval: str) -> None:
+    """Wait once for a release of ``key``; report when parked (with the socket) and the outcome."""
+    async with SqlitePubSub(db, poll_interval=float(poll_interval)) as backend:
+        waiting = asyncio.create_task(backend.wait_lease_released(key, timeout=60))
+        await eventually(lambda: backend._waiters.parked(key) == 1, timeout=30)
+        say(parked=True, socket=backend._worker.wake.path)
+        say(woken=await waiting)
+
+
+async def forking_waiter(db: str, key: str) -> None:
+    """Wait for ``key`` (listening), then fork a child that sleeps; report its pid."""
+    async with SqlitePubSub(db, poll_interval=3600) as backend:
+        waiting = asyncio.create_task(backend.wait_lease_released(key, timeout=60))
+        await eventually(lambda: backend._waiters.parked(key) == 1, timeout=30)
+        pid = os.fork()
+        if pid == 0:  # the forked child: outlives its parent, does nothing
+            quiet = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1):  # the parent's pipes close when the parent dies
+                os.dup2(quiet, fd)
+            signal.pause()
+        say(parked=True, socket=backend._worker.wake.path, forked=pid)
+        await waiting
+
+
+async def publisher(db: str, topic: str) -> None:
+    """Publish one event on ``topic`` for each line read on stdin; report its id."""
+    async with SqlitePubSub(db) as backend:
+        say(ready=True)
+        loop = asyncio.get_running_loop()
+        while await loop.run_in_executor(None, sys.stdin.readline):
+            sent = await backend.publish(topic, Event(type="p", data=None))
+            say(published=sent.id)
+
+
 def lock_and_stop(db: str) -> None:
     """Take the write lock, then stop this process; commit when continued."""
     conn = sqlite3.connect(db, isolation_level=None)
@@ -143,6 +178,12 @@ def main() -> None:
         asyncio.run(subscriber(db, args[0], args[1], args[2], float(args[3])))
     elif mode == "holder":
         asyncio.run(holder(db, args[0]))
+    elif mode == "waiter":
+        asyncio.run(waiter(db, args[0], args[1]))
+    elif mode == "forking-waiter":
+        asyncio.run(forking_waiter(db, args[0]))
+    elif mode == "publisher":
+        asyncio.run(publisher(db, args[0]))
     elif mode == "lock-and-stop":
         lock_and_stop(db)
     else:

@@ -80,4 +80,5 @@ def test_the_backend_declares_its_capabilities(tmp_path: Path) -> None:
         | Capability.DEDUPE
         | Capability.RECLAIM
         | Capability.BACKLOG
+        | Capability.FENCED_TAKES
     )

@@ -40,7 +40,14 @@ from redis.crc import key_slot
 
 import redis
 
-__all__ = ["ClusterServers", "RedisSentinels", "RedisServer", "SentinelServer", "free_port"]
+__all__ = [
+    "ClusterServers",
+    "RedisSentinels",
+    "RedisServer",
+    "SentinelServer",
+    "end_process",
+    "free_port",
+]
 
 
 def free_port() -> int:
@@ -49,6 +56,20 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def end_process(proc: subprocess.Popen[bytes] | None, sig: signal.Signals) -> None:
+    """Send ``sig`` to a server process and wait until it is gone (SIGKILL after 10 s)."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGCONT)  # a paused server cannot handle SIGTERM
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 class RedisServer:
@@ -254,18 +275,7 @@ class RedisServer:
         self._signal_and_wait(signal.SIGKILL)
 
     def _signal_and_wait(self, sig: signal.Signals) -> None:
-        proc = self.process
-        if proc is None or proc.poll() is not None:
-            self.process = None
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGCONT)  # a paused server cannot handle SIGTERM
-            proc.send_signal(sig)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        end_process(self.process, sig)
         self.process = None
 
     def pause(self) -> None:

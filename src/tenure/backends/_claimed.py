@@ -26,6 +26,7 @@ from .._errors import InvalidArgument
 from .._pubsub import (
     Callback,
     Event,
+    LeaseFence,
     PubSub,
     check_backlog,
     check_publish,
@@ -72,6 +73,8 @@ class ClaimGroup(abc.ABC):
     # settled; the heartbeat extends them. A queued event whose attempt is not
     # (or no longer) here was reclaimed or taken by another member: not delivered.
     held: dict[int, int] = field(default_factory=dict)
+    # The fence of each subscribed callback (None: unfenced); see fence_arrays.
+    fences: dict[Callback, LeaseFence | None] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     progress: asyncio.Event = field(default_factory=asyncio.Event)
     fetcher: asyncio.Task[None] | None = None
@@ -97,6 +100,15 @@ class ClaimGroup(abc.ABC):
         if self.fetcher is not None:
             self.fetcher.cancel()
             await asyncio.gather(self.fetcher, return_exceptions=True)
+
+    def fence_arrays(self) -> tuple[list[bytes], list[bytes]]:
+        """The lease keys and owner prefixes a take must find one of held (both
+        empty: unfenced, as when any subscriber of this view is unfenced)."""
+        fences = list(self.fences.values())
+        if not fences or any(f is None for f in fences):
+            return [], []
+        pairs = {(f.key.encode(), f.owner_prefix.encode()) for f in fences if f is not None}
+        return [k for k, _ in pairs], [p for _, p in pairs]
 
     def queue_claimed(self, claimed: Iterable[tuple[int, int, str]]) -> None:
         """Hold and queue the claims taken, each ``(event id, attempt, body)``."""
@@ -207,13 +219,23 @@ class ClaimedEvents(PubSub, Generic[_G]):
         self._wake(topic)
         return event
 
-    async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
+    async def subscribe(
+        self,
+        topic: str,
+        callback: Callback,
+        *,
+        group: str | None = None,
+        fence: LeaseFence | None = None,
+    ) -> None:
         """Deliver events published on ``topic`` from now on to ``callback``.
 
         With ``group``, join that durable group (created if it does not exist
-        yet, in any process); members compete for its events.
+        yet, in any process); members compete for its events. With ``fence``
+        (``Capability.FENCED_TAKES``: the backend's takes check it), events are
+        taken for this subscription only while that lease is held (see
+        :class:`~tenure.LeaseFence`).
         """
-        check_subscribe(topic, callback, group)
+        check_subscribe(topic, callback, group, fence)
         self._check_open()
         groups, slot = join_slot(self._topics, topic, callback, group)
         target = groups.get(slot)
@@ -236,6 +258,7 @@ class ClaimedEvents(PubSub, Generic[_G]):
                 raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
         if callback in target.workers:
             raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
+        target.fences[callback] = fence
         target.workers[callback] = loop.create_task(
             self._deliver(target, callback), name=f"{self._task_prefix}-{topic}"
         )
@@ -250,6 +273,8 @@ class ClaimedEvents(PubSub, Generic[_G]):
         check_name(topic, "topic")
         self._check_open()
         groups = self._topics.get(topic, {})
+        for target in groups.values():
+            target.fences.pop(callback, None)
         for slot, target in await remove_member(groups, callback):
             del groups[slot]
             await self._leave(target)

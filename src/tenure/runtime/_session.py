@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from .. import telemetry
+from .._contract import Capability, capabilities_of
 from .._errors import LeaseLost, TenureError
-from .._pubsub import Event
+from .._pubsub import Event, LeaseFence
 from .._renewer import Renewer
 from ._types import EventKind, Signal
 
@@ -317,7 +318,7 @@ class Session:
                     self.thread_key,
                     reclaimed,
                 )
-            await rt.log.subscribe(self.topic, self.on_event, group=GROUP)
+            await rt.log.subscribe(self.topic, self.on_event, group=GROUP, **self._fence())
             self.subscribed = True
             if self.control is not None:
                 await rt.log.subscribe(self.control, self.on_control)
@@ -348,6 +349,15 @@ class Session:
                 self.lost.set()
             rt.session_ended(self)
             raise
+
+    def _fence(self) -> dict[str, LeaseFence]:
+        """Where the log keeps the leases too: read only while this session holds
+        the thread's lease (whichever run), so a stale session of this process
+        cannot take what the next owner reclaimed (``Capability.FENCED_TAKES``)."""
+        rt = self.rt
+        if rt.log is not rt.provider or Capability.FENCED_TAKES not in capabilities_of(rt.log):
+            return {}
+        return {"fence": LeaseFence(self.lease_key, f"{rt.process_id}/{self.sid}.")}
 
     def start(self) -> None:
         self.renewer.start()

@@ -142,6 +142,16 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
     acknowledged): one pass over the claims in flight, idle topics cost
     nothing.
 
+    **Fenced takes** (``FENCED_TAKES``). ``subscribe(..., fence=LeaseFence(key,
+    owner_prefix))``: each take of that subscription checks, in its own
+    statement, that the lease ``key`` is live and held by an owner with that
+    prefix, and takes nothing otherwise. Leases and claims live in one
+    database, so this is exact: a subscriber whose lease expired (paused, cut
+    off, slow to learn of the loss) cannot take what the next holder
+    reclaimed, however late its request reaches the server. The thread
+    runtime subscribes this way, which keeps per-thread order through stale
+    readers.
+
     **Clock.** Visibility, retention and heartbeats are judged on the lease
     clock ``<schema>.lease_now()`` (``clock_timestamp()``), never on a client's.
 
@@ -150,7 +160,9 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
     ``prune_interval``, ``retention``, ``dedupe_window``.
     """
 
-    capabilities = PostgresLeaseProvider.capabilities | Capability.RUNTIME_LOG
+    capabilities = (
+        PostgresLeaseProvider.capabilities | Capability.RUNTIME_LOG | Capability.FENCED_TAKES
+    )
     _url_options: ClassVar[dict[str, tuple[str, Callable[[str], Any]]]] = {
         **_URL_OPTIONS,
         **_EVENT_OPTIONS,

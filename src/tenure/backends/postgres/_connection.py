@@ -351,8 +351,12 @@ class PgConnection:
         except asyncio.CancelledError:
             if not fired:
                 raise
+            first.cancel()
+            if second is not None:
+                second.cancel()
             for _ in range(fired):
                 task.uncancel()
+            fired = 0
             if task.cancelling():
                 raise  # cancelled from outside as well
             raise BackendUnavailable(
@@ -363,6 +367,14 @@ class PgConnection:
             first.cancel()
             if second is not None:
                 second.cancel()
+            # Our cancellation was swallowed below us (the work returned or
+            # raised something else: Python 3.11's asyncio.wait_for, which
+            # psycopg_pool uses, can lose a cancellation that races with its
+            # result). Withdraw it all the same: a request left counted makes
+            # every later time limit in this task look like a cancellation
+            # from outside, and a CancelledError escapes to the caller.
+            for _ in range(fired):
+                task.uncancel()
 
     # -- first use -----------------------------------------------------------------
 

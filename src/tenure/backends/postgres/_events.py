@@ -30,6 +30,9 @@ logger = logging.getLogger("tenure.postgres")
 
 _BATCH = 100  # claims taken per fetch
 _SETTLE_BATCH = 1000  # outcomes written per statement
+_SETTLE_RETRY = 0.05  # seconds before writing outcomes again after a failure; doubles
+_SETTLE_RETRY_MAX = 1.0
+_FENCED_RETRY = 0.1  # seconds before a take that the fence held off looks again
 _RECHECK = 0.05  # seconds after a take that found claims and one that found none: one more
 
 
@@ -232,7 +235,9 @@ class PostgresEvents(ClaimedEvents[_Group]):
             "consumer": self._consumer,
         }
 
-    async def _take(self, group: _Group) -> list[tuple[int, int, str]]:
+    async def _take(self, group: _Group) -> list[tuple[int, int, str]] | None:
+        """The claims taken, sorted; ``None`` when the fence held this take off."""
+        keys, prefixes = group.fence_arrays()
         rows = await self._sql(
             "take events",
             self._q_take,
@@ -243,8 +248,12 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 "consumer": self._consumer,
                 "retake": group.unsure,
                 "held": list(group.held) if group.unsure else [],
+                "fence_keys": keys,
+                "fence_prefixes": prefixes,
             },
         )
+        if rows and rows[0][0] is None:
+            return None  # unsure stays: the retake is still to be done
         group.unsure = False
         return sorted((int(e), int(a), body) for e, a, body in rows)
 
@@ -261,7 +270,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 # Leaving: queue what the take got, so that leaving hands it
                 # back instead of stranding it until the visibility timeout.
                 with contextlib.suppress(Exception):
-                    self._queue_claimed(group, await job)
+                    self._queue_claimed(group, await job or [])
                 raise
             except BackendUnavailable as exc:
                 logger.warning("cannot take events of topic %r: %s", group.topic, exc)
@@ -271,6 +280,16 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 group.drained = max(group.drained, asked)  # flush does not wait through an outage
                 group.progress.set()
                 await asyncio.sleep(0.5)
+                group.wake.set()
+                continue
+            if claimed is None:
+                # Fenced off: this subscriber's lease is not held (lost, or
+                # not yet visible to this statement). Its holder unsubscribes
+                # soon; look again meanwhile, slowly, without counting the
+                # topic as read (flush does not wait for a fenced subscriber).
+                group.drained = max(group.drained, asked)
+                group.progress.set()
+                await asyncio.sleep(_FENCED_RETRY)
                 group.wake.set()
                 continue
             self._queue_claimed(group, claimed)
@@ -313,6 +332,8 @@ class PostgresEvents(ClaimedEvents[_Group]):
             )
 
     async def _settle_loop(self) -> None:
+        failing_since: float | None = None
+        pause = _SETTLE_RETRY
         try:
             while self._outcomes:
                 batch: list[Outcome] = []
@@ -339,9 +360,25 @@ class PostgresEvents(ClaimedEvents[_Group]):
                         retry=True,
                     )
                 except BackendUnavailable as exc:
-                    # The claims stay pending and are delivered again after
-                    # visibility_timeout (at least once).
-                    logger.warning("cannot write %d acknowledgements: %s", len(batch), exc)
+                    # Written again until it succeeds (each outcome names its
+                    # delivery, so writing one twice changes nothing): an
+                    # acknowledgement given up would bring a handled event back
+                    # after visibility_timeout, or at the next reclaim. Past
+                    # that timeout, or once closing, the claims are due for
+                    # redelivery anyway (at least once), and the batch goes.
+                    now = time.monotonic()
+                    failing_since = now if failing_since is None else failing_since
+                    if self._closed or now - failing_since >= self._event_opts.visibility_timeout:
+                        logger.warning("cannot write %d acknowledgements: %s", len(batch), exc)
+                        failing_since = None
+                        continue
+                    logger.info("cannot write %d acknowledgements yet: %s", len(batch), exc)
+                    self._outcomes.extendleft(reversed(batch))
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, _SETTLE_RETRY_MAX)
+                else:
+                    failing_since = None
+                    pause = _SETTLE_RETRY
         finally:
             self._settled.set()
 

@@ -67,6 +67,13 @@ class PostgresLeaseProvider(LeaseCore):
     microseconds, so even a key whose row an operator deleted gets a higher
     token later, unless the server clock went back.
 
+    **Durability.** Grants, renewals and transfers commit synchronously (a
+    crash must not undo a token or a deadline someone was told of). A release
+    does not wait for the WAL flush (``synchronous_commit`` off for that
+    transaction only): one lost in a crash leaves the lease to expire at its
+    deadline, which is safe, and the next grant's synchronous commit flushes
+    it. A hand-off so waits for one flush, not two.
+
     Keys and owners are stored as UTF-8 ``bytea``: NUL round-trips and
     comparison is byte-wise. The table (default ``tenure.leases``, URL options
     ``schema`` and ``table``) and the clock function are created on first use,

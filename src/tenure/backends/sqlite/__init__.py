@@ -7,6 +7,8 @@ the same event log, coordinated by SQLite's own file locking.
 - ``_connection``: the worker thread and its connection (PRAGMAs, schema,
   change detection, the translation of ``sqlite3`` errors);
 - ``_leases``: the lease half; ``_events``: the event half;
+- ``_wake``: the wake-up datagrams between the instances sharing a file
+  (a release or a publish wakes the others' waiters and subscribers);
 - ``_backend``: :class:`SqlitePubSub`, the two halves on one connection, with
   the change detection that serves both and the options;
 - ``sql/``: every statement, one file per operation (package data).

@@ -11,7 +11,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
@@ -23,6 +23,7 @@ from .._core import LEASE_CAPABILITIES
 from ._connection import CHUNK, SYNCHRONOUS, Options, Worker, in_list, load_sql
 from ._events import SqliteEvents
 from ._leases import SqliteLeases, encode_many
+from ._wake import FREED, PUBLISHED, TRANSFERRED
 
 __all__ = ["SqlitePubSub"]
 
@@ -140,8 +141,9 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     A lease is lost only when its owner stops renewing it past its TTL.
 
     **Waiting.** ``wait_lease_released``: a release or transfer by this
-    instance wakes one local waiter at once; one by another process is noticed
-    within about ``poll_interval`` (see below) and also wakes one local waiter.
+    instance wakes one local waiter at once; one by another instance, in any
+    process, wakes one local waiter as soon as its wake-up datagram arrives
+    (see below), at the latest at the next safety poll.
 
     **Pub/sub.** A durable event log: each consumer group has a cursor, and
     events are claimed by a member, then deleted from the group's pending set
@@ -200,16 +202,26 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     newest event id), plus one pass over the claims in flight of all groups;
     idle topics and their groups cost nothing.
 
-    **Change detection.** SQLite has no notifications. While this instance has
-    subscribers or lease waiters, its thread reads ``PRAGMA data_version`` every
-    ``poll_interval`` seconds (default 0.01); that number changes when another
-    connection commits, and only then does the instance look for new events or
-    released leases. Events and releases from other processes are therefore
-    noticed within about ``poll_interval`` plus one transaction. The check
-    itself costs a few microseconds; the cost of an idle subscriber is the
-    thread's 100 wake-ups a second (measured at 1.4 to 2 percent of one core
-    on a loaded two-core VM, see ``benchmarks/sqlite.py``). With no subscriber
-    and no waiter the thread sleeps until the next operation.
+    **Change detection.** SQLite has no notifications, so the instances of a
+    file tell each other (:class:`~tenure.backends.sqlite._wake.WakeChannel`):
+    while an instance has subscribers or lease waiters it listens on a
+    Unix-domain datagram socket in ``<file>.tenure-wake/``, and every instance
+    that commits a release, transfer, revoke or publish sends the key or topic
+    to every such socket right after the commit. The receiving event loop wakes
+    the key's waiter or the topic's subscribers at once: no polling, no thread
+    woken while idle. A socket left by a killed process is removed by the
+    first sender that finds it dead. Behind that, the worker thread reads
+    ``PRAGMA data_version`` (it changes when another connection commits) every
+    ``max(0.5, poll_interval)`` seconds, a safety poll that catches a datagram
+    dropped because a receiver's queue was full (so a wake-up is late, never
+    lost). Where the sockets cannot be used (a socket path longer than the
+    107 bytes an address holds, a directory that cannot be created or written,
+    no ``AF_UNIX``), that is logged once per file at WARNING and the thread
+    polls every ``poll_interval`` seconds (default 0.01) instead, as before:
+    changes are then noticed within about ``poll_interval`` plus one
+    transaction, for about 1 to 2 percent of one core per idle subscriber
+    (``benchmarks/sqlite.py`` measures both). With no subscriber and no waiter
+    nothing listens and the thread sleeps until the next operation.
 
     **Default.** ``tenure.from_url()`` with no URL and no ``TENURE_URL``
     environment variable opens ``$XDG_DATA_HOME/tenure/tenure.db`` (by default
@@ -229,7 +241,7 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     may drop the events kept for deduplication before ``dedupe_window``.
     """
 
-    capabilities = LEASE_CAPABILITIES | Capability.RUNTIME_LOG
+    capabilities = LEASE_CAPABILITIES | Capability.RUNTIME_LOG | Capability.FENCED_TAKES
 
     def __init__(
         self,
@@ -310,9 +322,19 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     def _update_polling(self) -> None:
         self._worker.set_polling(bool(self._topics) or len(self._waiters) > 0)
 
-    def _on_external_change(self) -> None:
-        """Another connection committed: look for released leases and new events."""
+    def _on_external_change(self, messages: Sequence[bytes]) -> None:
+        """Another connection committed something: wake who waits for it.
+
+        ``messages``: the wake-up datagrams read (:mod:`._wake`), each naming a
+        key freed or transferred, or a topic published to; those wake the
+        key's longest-waiting waiter or the topic's groups without a look at
+        the file. Without messages (a change the safety poll saw), or with one
+        not understood (``LOOK``: some may have been dropped), look for
+        released leases and new events.
+        """
         if self._closed:
+            return
+        if messages and self._woken_by(messages):
             return
         if self._refresh_task is not None and not self._refresh_task.done():
             self._refresh_again = True
@@ -321,10 +343,32 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
             self._refresh(), name="tenure-sqlite-refresh"
         )
 
+    def _woken_by(self, messages: Sequence[bytes]) -> bool:
+        """Act on each datagram; ``False`` if one was not understood."""
+        understood = True
+        for message in messages:
+            what, name = message[:1], message[1:].decode("utf-8", "replace")
+            if what and what[0] == PUBLISHED:
+                self._wake(name)
+            elif what and what[0] in (FREED, TRANSFERRED):
+                if self._waiters.wake_one(name) and name in self._watched:
+                    # What a look would now find, so the next one wakes nobody
+                    # else for this change: free, or an owner not seen yet.
+                    if what[0] == FREED:
+                        self._watched[name] = None
+                    else:
+                        del self._watched[name]
+            else:
+                understood = False
+        return understood
+
     def _check_job(
         self, conn: sqlite3.Connection, keys: list[bytes], after_event: int | None
     ) -> tuple[dict[bytes, int | None], list[tuple[bytes, int]]]:
         states: dict[bytes, int | None] = dict.fromkeys(keys)
+        # Read before the snapshot starts: a commit after it changes the
+        # number again, so the next poll does not skip it.
+        self._worker.data_version = conn.execute("PRAGMA data_version").fetchone()[0]
         conn.execute("BEGIN")  # one snapshot for everything read below
         now = self._clock()
         for start in range(0, len(keys), CHUNK):
@@ -378,6 +422,7 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
             await asyncio.gather(self._refresh_task, return_exceptions=True)
         self._waiters.wake_all()
         if self._worker.thread is None:
+            await self._worker.stop()
             return
         try:
             await self._hand_back(groups)
@@ -388,7 +433,10 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         worker = getattr(self, "_worker", None)
-        if getattr(self, "_closed", True) or worker is None or worker.thread is None:
+        if getattr(self, "_closed", True) or worker is None:
+            return
+        if worker.thread is None:
+            worker.wake.close_soon()
             return
         worker.stop_soon()
         _warn(f"unclosed {self!r}: its thread was stopped", ResourceWarning, stacklevel=1)

@@ -2,9 +2,10 @@
 
 The worker thread owns the only ``sqlite3`` connection of a backend instance;
 the event loop hands it jobs and awaits their futures. Connecting (PRAGMAs,
-schema), change detection (``PRAGMA data_version`` polling) and the
-translation of ``sqlite3.Error`` into :class:`~tenure.BackendUnavailable`
-happen here and nowhere else.
+schema), change detection (wake-up datagrams from :mod:`._wake`, and
+``PRAGMA data_version`` polling behind them) and the translation of
+``sqlite3.Error`` into :class:`~tenure.BackendUnavailable` happen here and
+nowhere else.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -25,6 +26,7 @@ from typing import Any, TypeVar
 
 from ..._errors import BackendUnavailable
 from .._claimed import EventOptions
+from ._wake import SAFETY_POLL, WakeChannel
 
 __all__ = [
     "CHUNK",
@@ -103,7 +105,7 @@ def create_schema(conn: sqlite3.Connection) -> None:
 
 @dataclass(frozen=True)
 class Options(EventOptions):
-    """The event settings (``poll_interval``: change detection's), and the connection's."""
+    """The event settings (``poll_interval``: polling's without wake-ups), and the connection's."""
 
     poll_interval: float = 0.01
     busy_timeout_ms: int = 5000
@@ -113,16 +115,19 @@ class Options(EventOptions):
 class Worker:
     """One thread, one ``sqlite3`` connection, a queue of jobs.
 
-    While ``polling`` is on, the thread reads ``PRAGMA data_version`` every
-    ``poll_interval`` between jobs and calls ``notify`` on the event loop when
-    another connection has committed.
+    While ``polling`` is on (something local waits for other connections'
+    commits), ``notify`` is called on the event loop: with the datagrams
+    read when the wake channel is rung, and with none when the thread,
+    reading ``PRAGMA data_version`` between jobs, sees it changed. It reads it
+    every :data:`~._wake.SAFETY_POLL` seconds while the wake channel listens,
+    every ``poll_interval`` where that is unavailable.
     """
 
     def __init__(
         self,
         file: str,
         opts: Options,
-        notify: weakref.WeakMethod[Callable[[], None]],
+        notify: weakref.WeakMethod[Callable[[Sequence[bytes]], None]],
     ) -> None:
         self.file = file
         self.opts = opts
@@ -133,6 +138,7 @@ class Worker:
         self.conn: sqlite3.Connection | None = None
         self.polling = False
         self.data_version: int | None = None
+        self.wake = WakeChannel(file)
 
     def submit(self, fn: Callable[..., _T], args: tuple[Any, ...]) -> asyncio.Future[_T]:
         loop = asyncio.get_running_loop()
@@ -149,22 +155,43 @@ class Worker:
     async def stop(self) -> None:
         """Close the connection and end the thread, after the jobs already queued."""
         if self.thread is None:
+            self.wake.close()
             return
         loop = asyncio.get_running_loop()
         stopped: asyncio.Future[None] = loop.create_future()
         self.jobs.put((None, (), stopped, loop))
         await asyncio.shield(stopped)
         self.thread.join()  # the thread has closed the file and is exiting
+        self.wake.close()
 
     def stop_soon(self) -> None:
         """Ask the thread to close the file and end, from any thread, without waiting."""
         self.jobs.put((None, (), None, None))
+        self.wake.close_soon()
+
+    def listen(self) -> None:
+        """Receive wake-ups from now on (on the loop); call before the first look."""
+        self.wake.listen(self.woken)
+
+    def woken(self, messages: list[bytes]) -> None:
+        """The wake channel was rung (on the loop)."""
+        if self.polling:
+            callback = self.notify()
+            if callback is not None:
+                callback(messages)
 
     def set_polling(self, on: bool) -> None:
+        if on:
+            self.listen()
         if on != self.polling:
             self.polling = on
             if on and self.thread is not None:
                 self.jobs.put(())  # wake the thread so it starts polling now
+
+    def poll_interval(self) -> float:
+        if self.wake.listening:
+            return max(SAFETY_POLL, self.opts.poll_interval)
+        return self.opts.poll_interval
 
     def main(self) -> None:
         next_poll = 0.0
@@ -191,8 +218,10 @@ class Worker:
                     _post(loop, fut, result, None)
                 del item, fn, args, fut  # drop references to the backend's bound methods
             if self.polling and self.conn is not None and time.monotonic() >= next_poll:
-                next_poll = time.monotonic() + self.opts.poll_interval
+                next_poll = time.monotonic() + self.poll_interval()
                 self.poll(self.conn)
+                self.wake.check()
+        self.wake.close_sender()
         if self.conn is not None:
             self.conn.close()
             self.conn = None
@@ -210,7 +239,7 @@ class Worker:
         callback = self.notify()
         if callback is not None:
             try:
-                self.loop.call_soon_threadsafe(callback)
+                self.loop.call_soon_threadsafe(callback, ())
             except RuntimeError:
                 pass  # the loop is closed: nobody left to tell
 

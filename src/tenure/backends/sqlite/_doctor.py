@@ -50,6 +50,7 @@ async def diagnose(backend: SqlitePubSub) -> list[Finding]:
         _synchronous(backend._opts.synchronous),
         _filesystem(file),
         _permissions(file),
+        _wake_ups(backend),
     ]
 
 
@@ -104,3 +105,18 @@ def _permissions(file: str) -> Finding:
             f"chmod o-w {file}",
         )
     return ok("permissions", f"{stat.filemode(mode)} {file}")
+
+
+def _wake_ups(backend: SqlitePubSub) -> Finding:
+    """Whether this process can use the wake-up sockets beside the file (it tries)."""
+    backend._worker.listen()
+    wake = backend._worker.wake
+    if wake.unavailable is None:
+        return ok("wake-ups", f"Unix-domain sockets in {wake.dir}")
+    return warn(
+        "wake-ups",
+        f"no wake-up sockets ({wake.unavailable}): releases and events of other processes "
+        f"are found by polling every poll_interval ({backend._opts.poll_interval} s)",
+        f"make {wake.dir} a writable directory whose socket paths fit in 107 bytes "
+        "(a shorter path for the file)",
+    )

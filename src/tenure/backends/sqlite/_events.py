@@ -16,13 +16,14 @@ import sqlite3
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..._errors import BackendUnavailable
 from ..._pubsub import Event
 from .._claimed import ClaimedEvents, ClaimGroup, Outcome
 from ._connection import Connected, Options, load_sql, write
+from ._wake import PUBLISHED
 
 __all__ = ["EventLog", "SqliteEvents"]
 
@@ -46,6 +47,7 @@ _BACKLOG = load_sql("group_backlog")
 _ANY_DUE_CLAIM = load_sql("claim_any_due")
 _DUE_CLAIMS = load_sql("claim_due")
 _TAKE_CLAIM = load_sql("claim_take")
+_SELECT_LEASE = load_sql("lease_select")
 _NEW_CLAIM = load_sql("claim_new")
 _DELETE_CLAIM = load_sql("claim_delete")
 _ACK_CLAIM = load_sql("claim_ack")
@@ -58,6 +60,7 @@ _PRUNE_DEAD_CLAIMS = load_sql("claim_prune_dead")
 _PRUNE_ORPHAN_CLAIMS = load_sql("claim_prune_orphans")
 
 _BATCH = 100  # events claimed per fetch
+_FENCED_RETRY = 0.1  # seconds before a fetch that the fence held off looks again
 
 
 class _Gone(Exception):
@@ -68,9 +71,11 @@ class _Gone(Exception):
 class _Group(ClaimGroup):
     # The newest event id of the topic this group has claims for (or skipped).
     cursor: int = 0
+    # The last fetch was fenced off (flush does not wait for such a subscriber).
+    fenced: bool = False
 
     def behind(self, mark: int) -> bool:
-        return self.cursor < mark
+        return self.cursor < mark and not self.fenced
 
 
 class EventLog:
@@ -80,10 +85,19 @@ class EventLog:
     heartbeat keeps it for ``alive_for`` seconds. Times are ``time.time()``.
     """
 
-    def __init__(self, opts: Options, consumer: str, alive_for: float) -> None:
+    def __init__(
+        self,
+        opts: Options,
+        consumer: str,
+        alive_for: float,
+        ring: Callable[[int, bytes], None],
+        lease_clock: Callable[[], float],
+    ) -> None:
         self.opts = opts
         self.consumer = consumer
         self.alive_for = alive_for
+        self.ring = ring  # wakes the other instances of the file after a publish
+        self.lease_clock = lease_clock  # the lease half's clock, for fences
         self.next_prune = 0.0
 
     def publish(
@@ -99,6 +113,8 @@ class EventLog:
             now = time.time()
             if now >= self.next_prune:
                 self.prune(conn, now)
+        if stored:
+            self.ring(PUBLISHED, topic)
         return first
 
     def prune(self, conn: sqlite3.Connection, now: float) -> None:
@@ -121,11 +137,18 @@ class EventLog:
         return gid, cursor
 
     def fetch(
-        self, conn: sqlite3.Connection, gid: int, topic: bytes
-    ) -> tuple[list[tuple[int, int, str]], int, list[tuple[int, int]]]:
+        self,
+        conn: sqlite3.Connection,
+        gid: int,
+        topic: bytes,
+        fence: tuple[list[bytes], list[bytes]],
+    ) -> tuple[list[tuple[int, int, str]], int, list[tuple[int, int]]] | None:
         """Claim due redeliveries and new events for group ``gid``.
 
-        Returns (claimed (id, attempt, body), the group's cursor, dropped (id, attempts)).
+        Returns (claimed (id, attempt, body), the group's cursor, dropped (id, attempts)),
+        or ``None`` when ``fence`` (lease keys and owner prefixes, see
+        :meth:`ClaimGroup.fence_arrays`) names leases none of which is held,
+        judged in the transaction that would take the claims.
         A read-only look comes first so that spurious wake-ups cost no write.
         Raises :class:`_Gone` if the group was deleted.
         """
@@ -141,6 +164,8 @@ class EventLog:
         dropped: list[tuple[int, int]] = []
         visible = now + self.opts.visibility_timeout
         with write(conn):
+            if fence[0] and not self._fence_holds(conn, fence):
+                return None
             row = conn.execute(_GROUP_CURSOR, (gid,)).fetchone()
             if row is None:
                 raise _Gone
@@ -165,6 +190,17 @@ class EventLog:
                     conn.execute(_ADVANCE_GROUP, (cursor, gid))
                     claimed.extend((event_id, 1, body) for event_id, body in fresh)
         return claimed, cursor, dropped
+
+    def _fence_holds(
+        self, conn: sqlite3.Connection, fence: tuple[list[bytes], list[bytes]]
+    ) -> bool:
+        """Inside the fetch's write transaction: one fence lease is live and its owner's."""
+        now = self.lease_clock()
+        for key, prefix in zip(*fence, strict=True):
+            row = conn.execute(_SELECT_LEASE, (key,)).fetchone()
+            if row is not None and row[2] > now and bytes(row[0]).startswith(prefix):
+                return True
+        return False
 
     def settle(self, conn: sqlite3.Connection, acks: deque[Outcome]) -> None:
         """Write queued acknowledgements and failed attempts, up to 1000 at once."""
@@ -279,10 +315,13 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
 
     _task_prefix = "tenure-sqlite"
     _logger = logger
+    _clock: Callable[[], float]  # the lease half's
 
     def _init_events(self, consumer: str, alive_for: float) -> None:
         self._init_claimed(self._opts, consumer)
-        self._log = EventLog(self._opts, consumer, alive_for)
+        # The clock itself, not a method of self: the worker thread holds the log,
+        # and must not keep this object alive.
+        self._log = EventLog(self._opts, consumer, alive_for, self._worker.wake.ring, self._clock)
         # The newest event id seen; change detection looks for events after it.
         self._last_event_id: int | None = None
         self._acks_running = False
@@ -309,6 +348,8 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
         )
 
     async def _join(self, topic: str, group: str | None) -> _Group:
+        # Listening first: a publish committed after the reads below rings this instance.
+        self._worker.listen()
         # Change detection looks for events after the newest one at the first subscribe.
         if self._last_event_id is None:
             self._last_event_id = await self._run(self._log.last_event)
@@ -359,15 +400,16 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
         while True:
             await group.wake.wait()
             group.wake.clear()
-            job = self._run(self._log.fetch, group.gid, topic)
+            job = self._run(self._log.fetch, group.gid, topic, group.fence_arrays())
             try:
-                claimed, cursor, dropped = await asyncio.shield(job)
+                fetched = await asyncio.shield(job)
             except asyncio.CancelledError:
                 # Leaving: the job runs to its end on the worker thread anyway.
                 # Queue what it claimed, so that leaving hands it back instead of
                 # stranding it until visibility_timeout.
                 with contextlib.suppress(Exception):
-                    group.queue_claimed((await job)[0])
+                    done = await job
+                    group.queue_claimed(done[0] if done is not None else [])
                 raise
             except _Gone:
                 logger.warning(
@@ -389,6 +431,15 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
                 await asyncio.sleep(0.5)
                 group.wake.set()
                 continue
+            group.fenced = fetched is None
+            if fetched is None:
+                # Fenced off: this subscriber's lease is not held. Its holder
+                # unsubscribes soon; look again meanwhile, slowly.
+                group.progress.set()
+                await asyncio.sleep(_FENCED_RETRY)
+                group.wake.set()
+                continue
+            claimed, cursor, dropped = fetched
             group.cursor = max(group.cursor, cursor)
             for event_id, attempts in dropped:
                 self._dropped(group, event_id, attempts)

@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator, Sequence
 from ..._contract import AcquireResult, LeaseRecord
 from .._core import EXTEND, GRANT, PAGE, REFUSE, LeaseCore, acquire_step, holds, prefix_range
 from ._connection import CHUNK, Connected, in_list, load_sql
+from ._wake import FREED, TRANSFERRED
 
 __all__ = ["SqliteLeases"]
 
@@ -93,6 +94,8 @@ class SqliteLeases(LeaseCore, Connected):
         conn.execute("BEGIN IMMEDIATE")
         released = conn.execute(_RELEASE_LEASE, (key, owner, self._clock())).rowcount
         conn.execute("COMMIT")
+        if released:
+            self._worker.wake.ring(FREED, key)
         return released == 1
 
     def _renew_job(self, conn: sqlite3.Connection, key: bytes, owner: bytes, ttl_ms: int) -> bool:
@@ -128,6 +131,8 @@ class SqliteLeases(LeaseCore, Connected):
         conn.execute("BEGIN IMMEDIATE")
         revoked = conn.execute(_REVOKE_LEASE, (key, self._clock(), token, token)).rowcount
         conn.execute("COMMIT")
+        if revoked:
+            self._worker.wake.ring(FREED, key)
         return revoked == 1
 
     def _transfer_job(
@@ -142,6 +147,7 @@ class SqliteLeases(LeaseCore, Connected):
         token: int = conn.execute(_NEXT_TOKEN).fetchone()[0]
         conn.execute(_TRANSFER_LEASE, (to_owner, token, now + ttl_ms / 1000, key))
         conn.execute("COMMIT")
+        self._worker.wake.ring(TRANSFERRED, key)
         return token
 
     # -- the contract ---------------------------------------------------------------
@@ -215,7 +221,7 @@ class SqliteLeases(LeaseCore, Connected):
             self._watched[key] = None
         return True
 
-    # -- waiting: releases made by other processes are found by polling ---------------
+    # -- waiting: releases made by other processes ring the wake channel -------------
 
     async def _watch(self, key: str, timeout: float) -> None:
         self._worker.set_polling(True)
