@@ -22,7 +22,7 @@ from .runner import RunConfig, RunResult, run
 from .threads.cli import add_parser as add_threads_parser
 from .threads.cli import cmd_threads
 
-BACKENDS = ["memory", "sqlite", "redis", "redis-aof", "postgres", "etcd"]
+BACKENDS = ["memory", "sqlite", "redis", "redis-aof", "redis-sentinel", "postgres", "etcd"]
 
 
 def _config(ns: argparse.Namespace, **over: object) -> RunConfig:

@@ -43,7 +43,7 @@ PROXY_FAULTS = ["proxy-blackhole", "proxy-reset", "proxy-drop-reply"]
 
 @dataclass
 class RunConfig:
-    backend: str  # memory | sqlite | redis | redis-aof | postgres | etcd
+    backend: str  # memory | sqlite | redis | redis-aof | redis-sentinel | postgres | etcd
     duration_s: float = 30.0
     seed: int = 1
     lease_clients: int = 12
@@ -345,6 +345,49 @@ class RedisEnv(Env):
         await asyncio.to_thread(self.server.close)
 
 
+class RedisSentinelEnv(Env):
+    """Redis run by Sentinel: a master, a replica, three sentinels, no persistence.
+
+    ``sentinel-failover`` kills the master (SIGKILL), waits until the sentinels
+    have promoted the replica, then starts the dead server again, empty, as the
+    new master's replica (so the next failover has one). Replication is
+    asynchronous, so a failover may lose the last grants: like a restart without
+    persistence, it is given to the model as a window in which leases may
+    vanish; P1 gets no allowance (the promoted replica's epoch check must hold
+    it with a quarantine).
+    """
+
+    async def start(self, workdir: Path, label: str) -> None:
+        from tests.support.redis_server import RedisSentinels
+
+        self.group = RedisSentinels()
+        await asyncio.to_thread(self.group.start)
+        self.url = (
+            f"{self.group.url}?prefix={label}:&max_ttl_ms=2000"
+            "&socket_timeout=1.5&socket_connect_timeout=1.5"
+        )
+        self.max_ttl_s = 8.0
+        group = self.group
+
+        def failover() -> None:
+            old = group.master
+            new = group.failover(kill=True)
+            old.restart(keep_data=False)
+            old.replicate(new)
+
+        async def sentinel_failover() -> None:
+            start = time.monotonic_ns()
+            await asyncio.to_thread(failover)
+            self.state_loss.append((start, time.monotonic_ns()))
+
+        self.server_faults = ServerFaults({"sentinel-failover": (sentinel_failover, None)})
+        self.kinds = [*CLIENT_FAULTS, *CLIENT_FAULTS, "sentinel-failover"]
+
+    async def close(self) -> None:
+        await super().close()
+        await asyncio.to_thread(self.group.close)
+
+
 class PostgresEnv(Env):
     def __init__(self, rnd: random.Random) -> None:
         super().__init__()
@@ -485,6 +528,8 @@ def _env(kind: str, rnd: random.Random) -> Env:
         return RedisEnv(persistence=False)
     if kind == "redis-aof":
         return RedisEnv(persistence=True)
+    if kind == "redis-sentinel":
+        return RedisSentinelEnv()
     if kind == "postgres":
         return PostgresEnv(rnd)
     if kind == "etcd":

@@ -57,7 +57,8 @@ async def test_a_safely_configured_redis_passes() -> None:
         done = _doctor(server.url)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "verdict: ok" in done.stdout
-        assert "quarantine   active" in done.stdout  # a fresh server is in its quarantine
+        # New (appendfsync always, no marker): no quarantine.
+        assert "quarantine   none" in done.stdout
 
 
 @pytest.mark.asyncio

@@ -30,11 +30,17 @@ class AcquireResult:
     fencing token of the grant. On failure ``owner`` is the holder read in the
     same atomic step (``None`` only if the backend could not name one) and
     ``token`` is ``None``.
+
+    ``retry_after_ms`` is set only on a refusal that names no holder because
+    the backend refuses every new grant for a while (the Redis backend's
+    quarantine after it may have lost leases): grants resume in about that
+    many milliseconds. ``None`` otherwise.
     """
 
     acquired: bool
     owner: str | None
     token: int | None = None
+    retry_after_ms: int | None = None
 
     # Hand-written because it is on every backend's hot path: the generated
     # frozen __init__ is about twice as slow.
@@ -44,11 +50,13 @@ class AcquireResult:
         owner: str | None,
         token: int | None = None,
         *,
+        retry_after_ms: int | None = None,
         _set: Callable[[object, str, object], None] = object.__setattr__,
     ) -> None:
         _set(self, "acquired", acquired)
         _set(self, "owner", owner)
         _set(self, "token", token)
+        _set(self, "retry_after_ms", retry_after_ms)
 
 
 @dataclass(frozen=True, slots=True)

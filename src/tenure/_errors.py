@@ -39,16 +39,39 @@ class ConfigurationError(TenureError):
 
 
 class LeaseUnavailable(TenureError):
-    """The lease is held by someone else.
+    """The lease is held by someone else, or the backend refuses new grants for now.
 
     ``holder`` names the current owner (``None`` if it was released between the
-    attempt and the read), ``key`` the lease key.
+    attempt and the read, or if no holder could be named), ``key`` the lease
+    key. ``retry_after_ms`` is set when the backend refused every new grant for
+    a while (a Redis quarantine after it may have lost leases; see
+    :attr:`AcquireResult.retry_after_ms`); the message then says so.
     """
 
-    def __init__(self, key: str, holder: str | None, message: str | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        holder: str | None,
+        message: str | None = None,
+        *,
+        retry_after_ms: int | None = None,
+    ) -> None:
         self.key = key
         self.holder = holder
-        super().__init__(message or f"lease {key!r} is held by {holder!r}")
+        self.retry_after_ms = retry_after_ms
+        super().__init__(message or unavailable_message(key, holder, retry_after_ms))
+
+
+def unavailable_message(key: str, holder: str | None, retry_after_ms: int | None) -> str:
+    """Why ``key`` was not granted, in words: its holder, or the backend's refusal."""
+    if holder is None and retry_after_ms is not None:
+        return (
+            f"lease {key!r} was refused with no holder: the backend refuses new grants for "
+            f"{retry_after_ms / 1000:.1f} s more because it may have lost leases (a Redis "
+            "quarantine after a restart, FLUSHALL, eviction or failover; see the README, "
+            "'Redis: the quarantine')"
+        )
+    return f"lease {key!r} is held by {holder!r}"
 
 
 class LeaseLost(TenureError):

@@ -27,7 +27,7 @@ from typing import Any
 
 from . import telemetry
 from ._contract import AcquireResult, Capability, LeaseProvider, LeaseRecord, capabilities_of
-from ._errors import InvalidArgument, LeaseLost, LeaseUnavailable
+from ._errors import InvalidArgument, LeaseLost, LeaseUnavailable, unavailable_message
 from ._renewer import Renewer, renew_timing
 from ._validate import check_name, check_timeout, check_ttl
 
@@ -89,10 +89,12 @@ async def _acquire_wait(
         holder = result.owner
         left = math.inf if give_up is None else give_up - time.monotonic()
         if left <= 0:
+            why = unavailable_message(key, holder, result.retry_after_ms)
             raise LeaseUnavailable(
                 key,
                 holder,
-                f"lease {key!r} is held by {holder!r}; gave up after waiting {timeout:g} s",
+                f"{why}; gave up after waiting {timeout:g} s",
+                retry_after_ms=result.retry_after_ms,
             )
         record: LeaseRecord | None = await get_lease(key) if get_lease is not None else None
         if record is not None:
@@ -494,7 +496,9 @@ class _Hold:
             sent = time.monotonic()
             result = await self._provider.acquire_lease(self._key, self._owner, self._ttl_ms)
             if not result.acquired:
-                raise LeaseUnavailable(self._key, result.owner)
+                raise LeaseUnavailable(
+                    self._key, result.owner, retry_after_ms=result.retry_after_ms
+                )
         else:
             result, sent = await _acquire_wait(
                 self._provider, self._key, self._owner, self._ttl_ms, self._wait

@@ -44,6 +44,8 @@ _SCHEMES: dict[str, _Scheme] = {
     "sqlite": _Scheme("tenure.backends.sqlite", "SqlitePubSub", None, None),
     "redis": _Scheme("tenure.backends.redis", "RedisStreamsPubSub", "redis", "redis"),
     "rediss": _Scheme("tenure.backends.redis", "RedisStreamsPubSub", "redis", "redis"),
+    "redis+sentinel": _Scheme("tenure.backends.redis", "RedisStreamsPubSub", "redis", "redis"),
+    "redis+cluster": _Scheme("tenure.backends.redis", "RedisClusterPubSub", "redis", "redis"),
     "postgresql": _Scheme("tenure.backends.postgres", "PostgresPubSub", "postgres", "psycopg"),
     "postgres": _Scheme("tenure.backends.postgres", "PostgresPubSub", "postgres", "psycopg"),
     "etcd": _Scheme("tenure.backends.etcd", "EtcdLeases", "etcd", "aetcd"),
@@ -253,7 +255,8 @@ def from_url(url: str | None = None, **options: Any) -> Backend:
     """Build the backend for ``url``.
 
     Schemes: ``memory://``, ``sqlite:///path``, ``redis://``, ``rediss://``,
-    ``postgresql://``, ``etcd://``, ``etcds://`` (leases only). With no URL, :func:`default_url` decides. Keyword
+    ``redis+sentinel://``, ``redis+cluster://``, ``postgresql://``, ``etcd://``,
+    ``etcds://`` (leases only). With no URL, :func:`default_url` decides. Keyword
     options go to the backend's constructor. The result is an async context
     manager; nothing is connected until it is first used. Its
     ``capabilities`` say what it offers beyond the lease methods; for the

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from tenure._url import backend_class
 from tenure.backends.redis import RedisStreamsPubSub
 
 from ..support.redis_server import RedisServer
@@ -30,7 +31,8 @@ async def make_backend() -> AsyncIterator[MakeBackend]:
     def make(url: str, **options: Any) -> RedisStreamsPubSub:
         options.setdefault("socket_timeout", 2.0)
         options.setdefault("socket_connect_timeout", 2.0)
-        backend = RedisStreamsPubSub.from_url(url, **options)
+        # The class of the URL's scheme: RedisClusterPubSub for redis+cluster://.
+        backend: RedisStreamsPubSub = backend_class(url).from_url(url, **options)
         made.append(backend)
         return backend
 

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 import tenure
 from tenure import ConfigurationError, InvalidArgument
 from tenure.backends.redis import RedisStreamsPubSub, _tag
+from tenure.backends.redis._connection import client_settings
 
 from ..support.redis_server import RedisServer
 from ..support.waiting import asleep, until_parked
@@ -48,6 +49,21 @@ async def test_url_options_and_repr_without_password() -> None:
         assert text == "RedisStreamsPubSub(cache.example:6380/3, prefix='app:')"
         with pytest.raises(InvalidArgument, match="max_ttl_ms=90000"):
             await backend.acquire_lease("k", "o", 90_001)
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.asyncio
+async def test_the_lower_ttl_ceiling_says_why() -> None:
+    """SQLite, PostgreSQL and memory take up to 2**31 - 1 ms; Redis refuses more
+    than max_ttl_ms, and its error gives the reason (the quarantine's length)."""
+    backend = tenure.from_url("redis://cache.example:6380/0")
+    try:
+        with pytest.raises(InvalidArgument) as refused:
+            await backend.acquire_lease("k", "o", 60_001)
+        text = str(refused.value)
+        assert "max_ttl_ms=60000" in text and "2**31 - 1" in text
+        assert "refuses new grants for max_ttl_ms" in text
     finally:
         await backend.aclose()
 
@@ -167,7 +183,7 @@ def test_bad_password_bearing_url_does_not_show_the_password(url: str) -> None:
 
 def test_keyword_options_override_the_query() -> None:
     def kwargs(backend: RedisStreamsPubSub) -> dict[str, Any]:
-        return backend._client.connection_pool.connection_kwargs
+        return client_settings(backend._client)
 
     backend = RedisStreamsPubSub.from_url(
         "redis://localhost/0?prefix=a:&socket_timeout=1&db=3", prefix="b:", socket_timeout=2.5

@@ -50,6 +50,21 @@ def test_short_run_with_faults_has_no_violation(backend: str, tmp_path: Path) ->
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_short_run_with_sentinel_failovers_has_no_violation(tmp_path: Path) -> None:
+    """Redis under Sentinel with its masters killed: the failover fault (the controls
+    are those of ``redis``, which shares the backend)."""
+    rc = RunConfig(backend="redis-sentinel", duration_s=15.0, seed=7, workdir=str(tmp_path))
+    res = _run(rc)
+    assert res.report.violations == [], "\n".join(v.describe() for v in res.report.violations[:5])
+    assert res.sweep_ok, f"keys that could not be acquired after healing: {res.sweep_failed}"
+    assert res.faults.get("sentinel-failover", 0) >= 1, res.faults
+    assert res.operations >= 300
+    assert res.report.counter is not None and res.report.counter.acknowledged > 0
+    assert res.report.unknown <= MAX_UNKNOWN * len(res.report.keys), res.report.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("mutant", MUTANTS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_negative_control_is_caught(backend: str, mutant: str, tmp_path: Path) -> None:

@@ -10,6 +10,9 @@ data in a temporary directory that is removed at the end::
         server.restart(keep_data=False)        # like a restart without persistence
         server.kill()                          # SIGKILL, no shutdown save
 
+    with RedisServer(shifted_clock=True) as server:
+        server.step_clock(-100)                # its wall clock jumps back 100 s
+
 The binary is ``redis-server`` from ``$PATH`` (Debian's ``redis-server``
 package; ``.ci/run`` installs it). If it is missing, :meth:`start` raises
 ``RuntimeError``: tests fail, they never skip. Only the standard library and
@@ -33,9 +36,18 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
 
+from redis.crc import key_slot
+
 import redis
 
-__all__ = ["RedisServer", "end_process", "free_port"]
+__all__ = [
+    "ClusterServers",
+    "RedisSentinels",
+    "RedisServer",
+    "SentinelServer",
+    "end_process",
+    "free_port",
+]
 
 
 def free_port() -> int:
@@ -69,6 +81,8 @@ class RedisServer:
     ``requirepass`` (the default user's password). ``args`` are extra
     ``redis-server`` options, e.g. ``["--maxmemory-policy", "allkeys-lru"]``.
     The port and data directory stay the same across restarts.
+    ``shifted_clock=True`` runs the server under ``clockshift.c`` (built with
+    ``cc``), so :meth:`step_clock` can move its wall clock and only its.
     """
 
     def __init__(
@@ -78,6 +92,7 @@ class RedisServer:
         password: str | None = None,
         args: Sequence[str] = (),
         start_timeout: float = 10.0,
+        shifted_clock: bool = False,
     ) -> None:
         self.persistence = persistence
         self.password = password
@@ -86,6 +101,8 @@ class RedisServer:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="tenure-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
+        self.shifted_clock = shifted_clock
+        self.clock_offset = 0.0
 
     # -- addresses -------------------------------------------------------------
 
@@ -132,6 +149,7 @@ class RedisServer:
             )
         cmd = [
             binary,
+            *self._config_file(),
             "--bind",
             "127.0.0.1",
             "--port",
@@ -148,14 +166,86 @@ class RedisServer:
             "yes" if self.persistence else "no",
             "--appendfsync",
             "always",
+            # A replica's first sync starts at once (Redis waits 5 s by default).
+            "--repl-diskless-sync-delay",
+            "0",
         ]
         if self.password is not None:
             cmd += ["--requirepass", self.password]
         cmd += self.args
+        env = None
+        if self.shifted_clock:
+            env = {
+                **os.environ,
+                "LD_PRELOAD": str(self._build_shim()),
+                "TENURE_CLOCK_OFFSET_FILE": str(self._offset_file),
+            }
+            self._write_offset()
         self.process = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
         )
         self._wait_ready()
+
+    # -- the shifted clock ------------------------------------------------------
+
+    @property
+    def _offset_file(self) -> Path:
+        return self.dir / "clock-offset"
+
+    def _build_shim(self) -> Path:
+        shim = self.dir / "clockshift.so"
+        if not shim.exists():
+            compiler = shutil.which("cc") or shutil.which("gcc")
+            if compiler is None:
+                raise RuntimeError("shifted_clock needs a C compiler (apt-get install gcc)")
+            source = Path(__file__).with_name("clockshift.c")
+            subprocess.run(
+                [compiler, "-shared", "-fPIC", "-O2", "-o", str(shim), str(source)],
+                check=True,
+                capture_output=True,
+            )
+        return shim
+
+    def _write_offset(self) -> None:
+        tmp = self._offset_file.with_suffix(".tmp")
+        tmp.write_text(str(round(self.clock_offset * 1_000_000)))
+        tmp.replace(self._offset_file)  # the server never reads half a number
+
+    def step_clock(self, seconds: float) -> None:
+        """Move the server's wall clock by ``seconds`` (back if negative), at once.
+
+        Redis caches the time for up to a cron tick (100 ms): wait a little
+        before relying on the new time.
+        """
+        if not self.shifted_clock:
+            raise RuntimeError("step_clock needs RedisServer(shifted_clock=True)")
+        self.clock_offset += seconds
+        self._write_offset()
+
+    def replicate(self, master: RedisServer, timeout: float = 10.0) -> None:
+        """Become a replica of ``master``; return once it acknowledges a write
+        there (so a ``WAIT`` on the master counts it at once)."""
+        self.command("REPLICAOF", "127.0.0.1", str(master.port))
+        deadline = time.monotonic() + timeout
+        while self.command("INFO", "replication").get("master_link_status") != "up":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica on port {self.port} never synced")
+            time.sleep(0.02)
+        # A replica that just synced can take a second more to acknowledge.
+        with master.client() as conn:
+            conn.set("tenure-test-sync", 1)
+            acked = conn.execute_command("WAIT", 1, int(timeout * 1000))
+            conn.delete("tenure-test-sync")
+        if acked < 1:
+            raise RuntimeError(f"replica on port {self.port} never acknowledged a write")
+
+    def _config_file(self) -> list[str]:
+        """Arguments before the options (a sentinel's config file)."""
+        return []
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -214,7 +304,7 @@ class RedisServer:
         else:
             self.kill()
             for entry in self.dir.iterdir():
-                if entry.name != "redis.log":
+                if entry.name not in {"redis.log", "clockshift.so", "clock-offset"}:
                     if entry.is_dir():
                         shutil.rmtree(entry)
                     else:
@@ -241,3 +331,214 @@ class RedisServer:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"RedisServer(port={self.port}, {state}, dir={str(self.dir)!r})"
+
+
+class SentinelServer(RedisServer):
+    """One ``redis-server --sentinel`` watching ``master`` as ``service``.
+
+    Quick to act: the master is down after ``down_after_ms`` without a reply.
+    Sentinel rewrites its config file, so each has its own in its directory.
+    """
+
+    def __init__(self, service: str, master: RedisServer, *, down_after_ms: int = 1000) -> None:
+        super().__init__()
+        self.service = service
+        self.master = master
+        self.down_after_ms = down_after_ms
+
+    def _config_file(self) -> list[str]:
+        conf = self.dir / "sentinel.conf"
+        if not conf.exists():
+            conf.write_text(
+                f"sentinel monitor {self.service} 127.0.0.1 {self.master.port} 2\n"
+                f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {self.service} 4000\n"
+                f"sentinel parallel-syncs {self.service} 1\n"
+            )
+        return [str(conf), "--sentinel"]
+
+    def master_address(self) -> tuple[str, int]:
+        with self.client() as conn:
+            host, port = conn.sentinel_get_master_addr_by_name(self.service)
+        return str(host), int(port)
+
+
+class _Servers:
+    """Several servers started and closed together (a ``with`` block).
+
+    Subclasses set ``servers`` and write :meth:`start`; :meth:`close` closes
+    every server, also when :meth:`start` fails halfway.
+    """
+
+    servers: list[RedisServer]
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def server_at(self, port: int) -> RedisServer:
+        return next(s for s in self.servers if s.port == port)
+
+    @staticmethod
+    def _wait(check: Any, what: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class RedisSentinels(_Servers):
+    """A master, ``replicas`` replicas and three sentinels: Redis as Sentinel runs it.
+
+    ``url`` is tenure's ``redis+sentinel://`` URL of the service. The servers
+    have no persistence unless ``persistence=True``. :meth:`failover` asks a
+    sentinel to promote a replica (``SENTINEL FAILOVER``) and waits until every
+    sentinel names the new master and it accepts writes.
+    """
+
+    def __init__(
+        self, *, service: str = "tenure", replicas: int = 1, persistence: bool = False
+    ) -> None:
+        self.service = service
+        self.servers = [RedisServer(persistence=persistence) for _ in range(1 + replicas)]
+        self.sentinels: list[SentinelServer] = []
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}"
+
+    @property
+    def master(self) -> RedisServer:
+        return self.server_at(self.sentinels[0].master_address()[1])
+
+    def start(self) -> None:
+        first, *rest = self.servers
+        for server in self.servers:
+            server.start()
+        for replica in rest:
+            replica.replicate(first)
+        self.sentinels = [SentinelServer(self.service, first) for _ in range(3)]
+        for sentinel in self.sentinels:
+            sentinel.start()
+        # Every sentinel knows the replicas (from the master's INFO) and its peers.
+        self._wait(self._sentinels_ready, "sentinels to discover the set")
+
+    def _sentinels_ready(self) -> bool:
+        for sentinel in self.sentinels:
+            with sentinel.client() as conn:
+                state = conn.sentinel_master(self.service)  # parsed by redis-py
+            if int(state["num-slaves"]) < len(self.servers) - 1:
+                return False
+            if int(state["num-other-sentinels"]) < len(self.sentinels) - 1:
+                return False
+        return True
+
+    def failover(self, *, kill: bool = False, timeout: float = 20.0) -> RedisServer:
+        """Promote a replica through Sentinel; returns the new master once it takes writes.
+
+        ``kill=True`` kills the master (SIGKILL) and lets the sentinels notice
+        (``down_after_ms``), agree and promote, as on a crash. Otherwise a
+        sentinel is told to fail over (``SENTINEL FAILOVER``) while the old master
+        still runs: until the sentinels turn it into a replica (at their next
+        look at it, within seconds), it still takes writes from clients that
+        are connected to it.
+        """
+        old = self.master
+        if kill:
+            old.kill()
+        else:
+            self.sentinels[0].command("SENTINEL", "FAILOVER", self.service)
+
+        def done() -> bool:
+            ports = {s.master_address()[1] for s in self.sentinels if s.running}
+            if len(ports) != 1 or ports == {old.port}:
+                return False
+            new = self.server_at(ports.pop())
+            return bool(new.command("INFO", "replication").get("role") == "master")
+
+        self._wait(done, "the failover", timeout)
+        return self.master
+
+    def close(self) -> None:
+        for server in [*self.sentinels, *self.servers]:
+            server.close()
+
+
+class ClusterServers(_Servers):
+    """A Redis Cluster of ``masters`` primaries (no replicas), made with
+    ``redis-cli --cluster create``: ``url`` is tenure's ``redis+cluster://`` URL.
+    """
+
+    def __init__(self, *, masters: int = 3, persistence: bool = False) -> None:
+        args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
+        self.servers = [RedisServer(persistence=persistence, args=args) for _ in range(masters)]
+        for server in self.servers:
+            server.port = self._cluster_port()
+
+    @staticmethod
+    def _cluster_port() -> int:
+        """A free port whose cluster bus port (+10000) is free too (and exists)."""
+        while True:
+            port = free_port()
+            if port > 55535:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
+
+    def start(self, timeout: float = 20.0) -> None:
+        for server in self.servers:
+            server.start()
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise RuntimeError("redis-cli is not installed (it comes with redis-server)")
+        nodes = [f"127.0.0.1:{s.port}" for s in self.servers]
+        subprocess.run(
+            [cli, "--cluster", "create", *nodes, "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+        )
+        self._wait(lambda: all(self._ok(s) for s in self.servers), "cluster_state:ok", timeout)
+
+    @staticmethod
+    def _ok(server: RedisServer) -> bool:
+        info = server.command("CLUSTER", "INFO")
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        return "cluster_state:ok" in text
+
+    def node_of(self, key: bytes) -> RedisServer:
+        """The server that holds ``key``'s slot now (as the first server sees it)."""
+        slot = key_slot(key)
+        for start, end, (_, port, *_), *_ in self.servers[0].command("CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return self.server_at(int(port))
+        raise RuntimeError(f"no node holds slot {slot}")

@@ -97,6 +97,8 @@ class LeaseCore(AsyncCloseable, abc.ABC):
     # Not in __init__: the hot paths read them, and subclasses set them first.
     _closed: bool = False
     _max_ttl_ms: int = MAX_TTL_MS
+    #: Why this backend's ``max_ttl_ms`` is below the contract's 2**31 - 1 (for the error).
+    _max_ttl_reason: str = ""
     _waiters: KeyWaiters
     # The process this backend was made in, once it crossed fork() (see _after_fork).
     _forked_from: int | None = None
@@ -126,9 +128,10 @@ class LeaseCore(AsyncCloseable, abc.ABC):
     def _check_ttl(self, ttl_ms: Any, arg: str = "ttl_ms") -> int:
         ttl = check_ttl(ttl_ms, arg)
         if ttl > self._max_ttl_ms:
+            why = f": {self._max_ttl_reason}" if self._max_ttl_reason else ""
             raise InvalidArgument(
-                f"{arg} must be at most max_ttl_ms={self._max_ttl_ms} on this backend, got {ttl} "
-                "(raise max_ttl_ms for every client of the backend)"
+                f"{arg} must be at most max_ttl_ms={self._max_ttl_ms} on this backend, got {ttl}"
+                f"{why} (raise max_ttl_ms for every client of the backend)"
             )
         return ttl
 

@@ -55,6 +55,7 @@ _new = object.__new__
 _set_acquired = AcquireResult.__dict__["acquired"].__set__
 _set_owner = AcquireResult.__dict__["owner"].__set__
 _set_token = AcquireResult.__dict__["token"].__set__
+_set_retry_after = AcquireResult.__dict__["retry_after_ms"].__set__
 
 
 def _granted(owner: str, token: int) -> AcquireResult:
@@ -63,6 +64,7 @@ def _granted(owner: str, token: int) -> AcquireResult:
     _set_acquired(result, True)
     _set_owner(result, owner)
     _set_token(result, token)
+    _set_retry_after(result, None)
     return result
 
 

@@ -5,10 +5,11 @@
 - ``_leases``: the lease half, one script of ``lua/`` per operation;
 - ``_streams``: the event half (consumer groups on Redis Streams), whose
   subscriptions read through ``_reading``;
-- ``_backend``: :class:`RedisStreamsPubSub`, the two halves on one connection.
+- ``_backend``: :class:`RedisStreamsPubSub`, the two halves on one connection,
+  and :class:`RedisClusterPubSub`, the same on a Redis Cluster.
 """
 
-from ._backend import RedisStreamsPubSub
+from ._backend import RedisClusterPubSub, RedisStreamsPubSub
 from ._connection import _tag as _tag  # the key encoding, which the tests check
 
-__all__ = ["RedisStreamsPubSub"]
+__all__ = ["RedisClusterPubSub", "RedisStreamsPubSub"]

@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
+from ..._contract import Capability
 from ..._errors import ConfigurationError, InvalidArgument
 from ..._validate import MAX_TTL_MS
-from ._connection import client_from_url
+from ._connection import client_from_url, client_settings
 from ._leases import RedisLeases
 from ._streams import RedisStreams
 
-__all__ = ["RedisStreamsPubSub"]
+__all__ = ["RedisClusterPubSub", "RedisStreamsPubSub"]
 
 
 class RedisStreamsPubSub(RedisLeases, RedisStreams):
@@ -32,32 +34,122 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     with ``%``, ``{``, ``}`` of the key percent-escaped: the mapping is
     injective and each script touches one hash slot (Redis Cluster safe).
 
-    **TTL limit.** ``ttl_ms`` may not exceed ``max_ttl_ms`` (default 60 000):
-    it bounds how long a forgotten lease could still be in use, which the
-    quarantine below relies on. Every client of a prefix must use the same
-    ``max_ttl_ms``, at least the largest TTL any of them uses.
+    **TTL limit.** ``ttl_ms`` may not exceed ``max_ttl_ms`` (default 60 000;
+    the other backends take up to 2**31 - 1): it bounds how long a lost lease
+    could still be in use, which is how long the quarantine below refuses
+    grants, so a larger ceiling means longer refusals after a loss. Every
+    client of a prefix must use the same ``max_ttl_ms``, at least the largest
+    TTL any of them uses. The error for a larger TTL says this.
 
-    **State loss and quarantine.** A Redis that restarts without persistence
-    forgets every lease; granting at once could give a key two owners. Every
-    grant of a key without a counter therefore looks at the server's uptime
-    (in the same script): if the server started less than ``max_ttl_ms``
-    (+1 s, +1%) ago, a lease granted before the start might still be in use,
-    so the grant is refused and ``acquire_lease`` returns
-    ``AcquireResult(acquired=False, owner=None)`` (no holder can be named).
-    After that window every pre-restart lease has expired and grants resume.
-    Consequences: a key used for the first time within ``max_ttl_ms`` of a
-    server start is refused too (the server cannot tell a fresh start from a
-    loss); on a server that has been up longer, first use is never delayed.
-    ``quarantine=False`` turns the check off (for tests, or when you accept
-    double grants after a restart). Not detected: an operator's ``FLUSHALL``
-    or ``DEL`` on a server up longer than ``max_ttl_ms``; a restart from an
-    RDB snapshot or an AOF with ``appendfsync everysec`` that lost the last
-    writes while keeping older ones; a failover to a replica that had not yet
-    received the latest grants (replication is asynchronous; ``WAIT`` is not
-    used). In all of those a key can have two owners for up to one TTL, but
-    fencing tokens still increase as long as the server clock does not go
-    back. For leases, run Redis with ``appendonly yes``, ``appendfsync
-    always`` and ``maxmemory-policy noeviction``.
+    **State loss and quarantine.** A Redis that loses data (a restart without
+    persistence, ``FLUSHALL``/``FLUSHDB``, eviction, a failover to a replica
+    that had not received the last grants) forgets leases that their holders
+    still use; granting at once would give a key two owners. Each prefix has
+    an epoch marker key ``<prefix>epoch`` (``"<quarantine end>:<replication
+    ID>:<evicted keys>"``, no TTL). A new grant reads it in the acquire script
+    (one ``GET``; nothing else on the hot path, unless the server's
+    ``maxmemory-policy`` can evict, when the script also compares the
+    server's ``evicted_keys`` with the marker's). Without the marker, or after
+    an eviction, ``lua/epoch.lua`` decides in one script and records the
+    answer in the marker: lease state may have been lost, and grants are
+    refused for ``max_ttl_ms`` (+1 %; after a restart, counted from the
+    server's start), when the marker is missing and the server started less
+    than that ago without ``appendfsync always``, or its clock is behind its
+    start time, or ``FLUSHALL``/``FLUSHDB`` ran since it started, or it has
+    evicted keys; when the marker's replication ID is not the server's and
+    the server was promoted from a replica (``master_replid2``), or restarted
+    without ``appendfsync always``; when keys were evicted since the marker
+    was written. Every new lease connection runs the same check before its
+    first command, so after a failover (a reconnection) the first grant is
+    already judged. A refused grant returns ``AcquireResult(acquired=False,
+    owner=None, retry_after_ms=…)``, ``hold`` and ``acquire_wait`` raise
+    :class:`LeaseUnavailable` saying so, and one warning with the reason is
+    logged per quarantine. Leases that survived are still named as held.
+
+    *When the server counts as new* (no quarantine at first contact): the
+    marker is written in the same step as any grant of the prefix needs it,
+    so its absence means no lease of the prefix was granted since it was
+    lost. A server with ``appendonly yes`` and ``appendfsync always`` (read
+    with ``CONFIG GET`` at first use; a server that refuses ``CONFIG`` does
+    not count) keeps the marker across a restart, so if it is missing there
+    and no flush or eviction happened since the start, the prefix was never
+    used: the first grant is immediate. Without that persistence a server that
+    started less than ``max_ttl_ms`` ago cannot tell a first use from a loss,
+    and refuses for the rest of that window (pass ``quarantine=False`` for a
+    throwaway server). A server up longer than ``max_ttl_ms`` with no sign of
+    loss grants a new prefix at once.
+
+    *Not detected*: an operator's ``DEL`` of lease keys or of the marker; a
+    ``FLUSHALL`` followed by a restart of a durable server within
+    ``max_ttl_ms`` (the restart clears the command statistics), or
+    ``CONFIG RESETSTAT`` after a flush (a reset eviction count is taken as a
+    possible eviction); a failover where the client keeps talking
+    to the old address (a plain ``redis://`` URL whose host moved; Sentinel
+    clients reconnect, and reconnecting runs the check; on a Cluster every
+    new grant compares the replication ID). In those cases a key can have two
+    owners for up to one TTL; fencing tokens still increase (see **Clock**).
+    A restart from an RDB snapshot or an AOF without ``appendfsync always`` is
+    seen through the server's new replication ID (Redis 7.0 draws a new one
+    at start; a version that kept it across a restart would hide a
+    snapshot's lost writes). For leases, run Redis with
+    ``appendonly yes``, ``appendfsync always`` and ``maxmemory-policy
+    noeviction``. ``quarantine=False`` turns all of this off (every acquire
+    then skips the marker).
+
+    **Clock.** Expiry (``PX``) and tokens use the server's wall clock, not a
+    monotonic one. A *forward* step of the Redis host's clock ends every live
+    lease at once: a second owner can be granted while the first still
+    renews (its next renew returns ``False``); tenure does not detect it. The
+    second owner's token is higher, so a store fenced by tokens rejects the
+    first owner's late writes (tested with a one-hour step). A *backward* step
+    makes leases last longer than their TTL in real time (never shorter), and
+    a step back past the server's start time is treated as a possible loss
+    (a quarantine from now). Tokens are ``max(counter + 1, server time in
+    µs)``: while the counter exists they keep increasing whatever the clock
+    does; if the counter was lost (a restart without persistence), a server
+    clock that is now behind the time of the last grant by more than the
+    quarantine plus the downtime gives a *lower* token than before the
+    restart, and a fenced store would refuse the new owner's writes until the
+    clock catches up. Keep the Redis host on NTP with slewing (not stepping),
+    and use persistence where tokens matter.
+
+    **Sentinel.** ``redis+sentinel://`` URLs (see :meth:`from_url`), or a
+    client from ``redis.asyncio.sentinel.Sentinel.master_for``, reach the
+    master the sentinels name; every new connection asks them again, and a
+    connection that finds its server demoted (``READONLY``) or gone is dropped,
+    so the next operation reaches the new master (an operation in flight
+    fails with :class:`BackendUnavailable`). A promoted replica has a new
+    replication ID, so the first connection to it runs the epoch check, which
+    refuses new grants for ``max_ttl_ms``; leases that were replicated keep
+    being renewed and are named as held. What this guarantees through a
+    failover, with asynchronous replication: a lease the old master granted
+    and the replica never received is not granted again before it expires
+    (the quarantine), *unless* clients were still writing to the old master
+    after the quarantine on the new one had ended (a ``SENTINEL FAILOVER`` or
+    a partition leaves the old master taking writes until the sentinels demote
+    it, usually within seconds). Fencing tokens stay the guarantee of last
+    resort: tokens come from the server's clock, so the new master's tokens
+    exceed the old one's while the two clocks agree to within the time since
+    the last grant.
+
+    **Replicas** (``min_replicas=N``, default 0). After a grant, a transfer
+    or a renewal that succeeded, the backend sends ``WAIT N replica_wait_ms``
+    on the same connection before answering: the caller sees success only
+    once N replicas have the change in memory. Too few in time raises
+    :class:`BackendUnavailable` (a grant or transfer is released first, so the
+    caller never holds a lease it was not told of; a renewal stays, and the
+    holder's deadline still counts from its last acknowledged one). What each
+    setting guarantees through a failover to a replica that Sentinel picks
+    (the one with the most data): with ``N`` = the number of replicas, every
+    acknowledged grant and renewal is on the promoted replica, so a held lease
+    survives with its expiry and no second owner is granted; with 0 < N <
+    replicas, only if the promoted replica is among those that acknowledged
+    (Sentinel prefers the most advanced one, which is, unless it is down);
+    with 0, an acknowledged grant can be missing on the promoted replica, and
+    the epoch check's quarantine is what keeps it from being granted again
+    (see **Sentinel** for its limit). ``WAIT`` is not consensus: a replica that
+    acknowledged and then restarts without persistence forgets again, and
+    ``WAIT`` costs a round trip to the replicas on every grant and renewal.
 
     **Eviction.** At first use the backend reads ``maxmemory-policy``; any
     policy but ``noeviction`` can evict live leases, so it logs a warning, or
@@ -168,14 +260,18 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     """
 
     capabilities = RedisLeases.capabilities | RedisStreams.capabilities
+    _cluster_client = False
+    _client_kind = "redis.asyncio.Redis (a Sentinel master_for() client is one)"
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | RedisCluster,
         *,
         prefix: str = "tenure:",
         max_ttl_ms: int = 60_000,
         quarantine: bool = True,
+        min_replicas: int = 0,
+        replica_wait_ms: int = 500,
         strict: bool = False,
         max_attempts: int = 5,
         stream_maxlen: int = 100_000,
@@ -185,11 +281,17 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         max_concurrency: int = 128,
         owns_client: bool = False,
     ) -> None:
-        if not isinstance(client, aioredis.Redis):
+        if isinstance(client, RedisCluster) != self._cluster_client:
             raise ConfigurationError(
-                f"client must be a redis.asyncio.Redis, got {type(client).__name__}"
+                f"{type(self).__name__} takes a {self._client_kind}, got "
+                f"{type(client).__name__}"
+                + (" (use RedisClusterPubSub)" if isinstance(client, RedisCluster) else "")
             )
-        kwargs = client.connection_pool.connection_kwargs
+        if not isinstance(client, aioredis.Redis | RedisCluster):
+            raise ConfigurationError(
+                f"client must be a {self._client_kind}, got {type(client).__name__}"
+            )
+        kwargs = client_settings(client)
         if kwargs.get("decode_responses"):
             raise ConfigurationError("the Redis client must have decode_responses=False")
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
@@ -205,6 +307,10 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         ]:
             if type(value) is not int or value < 1:
                 raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
+        if type(min_replicas) is not int or min_replicas < 0:
+            raise InvalidArgument(f"min_replicas must be an int >= 0, got {min_replicas!r}")
+        if type(replica_wait_ms) is not int or replica_wait_ms < 1:
+            raise InvalidArgument(f"replica_wait_ms must be an int >= 1, got {replica_wait_ms!r}")
         if max_ttl_ms > MAX_TTL_MS:
             raise InvalidArgument(f"max_ttl_ms must be at most {MAX_TTL_MS}, got {max_ttl_ms}")
         super().__init__(max_ttl_ms=max_ttl_ms)
@@ -212,7 +318,11 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
             client, prefix=prefix, strict=bool(strict), max_concurrency=max_concurrency
         )
         self._owns_client = owns_client
-        self._setup_leases(quarantine_ms=max_ttl_ms if quarantine else 0)
+        self._setup_leases(
+            quarantine_ms=max_ttl_ms if quarantine else 0,
+            min_replicas=min_replicas,
+            replica_wait_ms=replica_wait_ms,
+        )
         socket_timeout = kwargs.get("socket_timeout")
         # A blocking read must return before the socket timeout fires.
         if socket_timeout:
@@ -226,11 +336,16 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         )
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> RedisStreamsPubSub:
-        """``redis://[user[:password]@]host[:port][/db][?…]`` or ``rediss://…`` (TLS).
+    def from_url(cls, url: str, **options: Any) -> Self:
+        """``redis://[user[:password]@]host[:port][/db][?…]`` or ``rediss://…`` (TLS),
+        or ``redis+sentinel://[[user]:password@]host:port[,host:port…]/<service_name>[?db=N&…]``.
+
+        With ``redis+sentinel://`` the hosts are the sentinels; the user-info
+        and the query options are for the master's connections (the sentinels
+        get the socket timeouts, no password).
 
         Query parameters: tenure's ``prefix``, ``max_ttl_ms``, ``quarantine``,
-        ``strict``, ``max_attempts``, ``stream_maxlen``, ``claim_idle_ms``,
+        ``min_replicas``, ``replica_wait_ms``, ``strict``, ``max_attempts``, ``stream_maxlen``, ``claim_idle_ms``,
         ``dedupe_window_ms`` and ``max_concurrency`` (see the class docstring), and every option
         redis-py's own ``from_url`` takes (``db``, ``password``, ``username``,
         ``protocol``, ``socket_timeout``, ``client_name``, the ``ssl_*``
@@ -249,7 +364,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
-        return f"RedisStreamsPubSub({self._where}, prefix={self._prefix!r}{state})"
+        return f"{type(self).__name__}({self._where}, prefix={self._prefix!r}{state})"
 
     async def aclose(self) -> None:
         """Stop every reader and the listener, drop private groups, close connections."""
@@ -268,3 +383,41 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         if not getattr(self, "_closed", True) and getattr(self, "_subs", None):
             _warn(f"unclosed {self!r} with active subscriptions", ResourceWarning, stacklevel=1)
+
+
+class RedisClusterPubSub(RedisStreamsPubSub):
+    """:class:`RedisStreamsPubSub` on a Redis Cluster (``redis+cluster://``, or a
+    ``redis.asyncio.RedisCluster``).
+
+    Everything of the parent holds per key: every lease script touches one key
+    slot (the lease, its counter and the epoch marker of that slot for the
+    prefix, ``<prefix>{<tag in the slot>}:epoch``), and so does every event
+    script (the stream and its dedupe guards). redis-py routes each command by
+    its key's slot and follows ``MOVED``/``ASK`` (a redirected command did not
+    run, so re-sending it is safe); its retries after a connection failure are
+    off, as on one Redis. What differs:
+
+    - No ``BACKLOG`` (so not the thread runtime's ``RUNTIME_LOG``): a group's
+      backlog index would live in another slot than the streams it lists.
+    - Lease commands go through redis-py's per-node pools (no pipelined
+      connection), so ``min_replicas`` is refused (``WAIT`` must follow the
+      write on its connection).
+    - No connection runs the epoch check before its first command; instead the
+      acquire script compares the slot's marker with the node's replication ID
+      on every new grant (one ``INFO replication`` more per new grant), so a
+      failover inside the cluster is seen at the first grant in each slot.
+    - Release wake-ups listen on a plain connection to one primary
+      (``PUBLISH`` reaches every node).
+    - ``scan_leases`` scans every primary in turn; a key whose slot migrates
+      during a scan can be missed or listed late.
+    - The configuration check reads every primary: one evicting primary makes
+      the backend evicting, and ``appendfsync always`` counts only if all have it.
+
+    ``from_url("redis+cluster://[[user]:password@]host:port[,host:port…][?…]")``:
+    the hosts are startup nodes (any of the cluster's); options as in
+    :meth:`RedisStreamsPubSub.from_url`, without ``db`` (a cluster has one).
+    """
+
+    capabilities = RedisStreamsPubSub.capabilities & ~Capability.BACKLOG
+    _cluster_client = True
+    _client_kind = "redis.asyncio.RedisCluster"

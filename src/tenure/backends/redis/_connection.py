@@ -14,30 +14,42 @@ import hashlib
 import logging
 import math
 import uuid
+from binascii import crc_hqx
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from types import TracebackType
 from typing import Any, cast
-from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, unquote_plus, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.connection import URL_QUERY_ARGUMENT_PARSERS
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._errors import BackendUnavailable, ConfigurationError
 from ..._url import parse_query, redact, redact_url, to_bool, to_int
 
-__all__ = ["RedisConnection", "RedisParts", "Script", "client_from_url", "load_script"]
+__all__ = [
+    "RedisConnection",
+    "RedisParts",
+    "Script",
+    "client_from_url",
+    "client_settings",
+    "load_script",
+    "slot_tag",
+]
 
 logger = logging.getLogger("tenure.redis")
 
-_DRIVER_ERRORS = (RedisError, OSError)
+# RedisClusterException is not a RedisError (e.g. "no targets were found").
+_DRIVER_ERRORS = (RedisError, RedisClusterException, OSError)
 _EVICTING_POLICIES_OK = {"noeviction"}
 
 # -- scripts -----------------------------------------------------------------------
@@ -69,6 +81,42 @@ def _tag(name: str) -> bytes:
     return raw
 
 
+def client_settings(client: Any) -> dict[str, Any]:
+    """The connection settings of a ``Redis`` (its pool's) or a ``RedisCluster``."""
+    if isinstance(client, RedisCluster):
+        return client.connection_kwargs
+    return cast(dict[str, Any], client.connection_pool.connection_kwargs)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+_SLOT_TAGS: list[bytes] = []
+
+
+def _slot_tags() -> list[bytes]:
+    """For each of a Redis Cluster's 16384 key slots, a short hash tag in it
+    (found by counting in hex; about 0.3 s, once per process)."""
+    if not _SLOT_TAGS:
+        tags: list[bytes | None] = [None] * 16384
+        left, i = 16384, 0
+        while left:
+            tag = b"%x" % i
+            slot = crc_hqx(tag, 0) % 16384
+            if tags[slot] is None:
+                tags[slot] = tag
+                left -= 1
+            i += 1
+        _SLOT_TAGS[:] = [t for t in tags if t is not None]
+    return _SLOT_TAGS
+
+
+def slot_tag(key: bytes) -> bytes:
+    """A hash tag in the key slot of ``key`` (a key whose tag is ``{<key's tag>}``)."""
+    return _slot_tags()[key_slot(key)]
+
+
 # -- URL options ---------------------------------------------------------------------
 
 _NO_RETRIES = (
@@ -94,6 +142,8 @@ OUR_OPTIONS: dict[str, Callable[[str], Any]] = {
     "prefix": str,
     "max_ttl_ms": to_int(1),
     "quarantine": to_bool,
+    "min_replicas": to_int(0),
+    "replica_wait_ms": to_int(1),
     "strict": to_bool,
     "max_attempts": to_int(1),
     "stream_maxlen": to_int(1),
@@ -168,34 +218,120 @@ def client_from_url(url: str, options: dict[str, Any]) -> tuple[aioredis.Redis, 
         # redact_url knows ``password=`` only; ``ssl_password=`` is a secret too.
         raise ConfigurationError(redact(str(exc), secrets)) from None
     parts = urlsplit(url)  # parse_query has parsed it
-    if parts.scheme.lower() not in {"redis", "rediss"}:
-        raise ConfigurationError(redact(f"not a redis:// or rediss:// URL: {shown!r}", secrets))
+    scheme = parts.scheme.lower()
+    if scheme not in {"redis", "rediss", SENTINEL_SCHEME, CLUSTER_SCHEME}:
+        raise ConfigurationError(
+            redact(
+                f"not a redis://, rediss://, {SENTINEL_SCHEME}:// or {CLUSTER_SCHEME}:// URL: "
+                f"{shown!r}",
+                secrets,
+            )
+        )
     for name in _RETRY_KEYWORDS:
         if name in options:
             raise ConfigurationError(f"option {name!r} is refused: {_NO_RETRIES}")
     ours = {**query.ours, **options}
     theirs = {name: ours.pop(name) for name in list(ours) if name not in _OUR_KEYWORDS}
     # redis-py lets a query value win over a keyword; here the keyword wins.
-    rest = "&".join(s for s in query.rest if unquote(s.partition("=")[0]) not in theirs)
+    rest = [s for s in query.rest if unquote(s.partition("=")[0]) not in theirs]
     theirs.setdefault("socket_timeout", 5.0)
     theirs.setdefault("socket_connect_timeout", 5.0)
     # The command slots bound the connections; the pool must never refuse.
     theirs.setdefault("max_connections", 2**31)
-    redis_url = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, ""))
     try:
-        client = aioredis.Redis.from_url(
-            redis_url, retry=Retry(NoBackoff(), 0), retry_on_timeout=False, **theirs
-        )
+        if scheme == SENTINEL_SCHEME:
+            client = _sentinel_client(parts, rest, theirs)
+        elif scheme == CLUSTER_SCHEME:
+            client = _cluster_client(parts, rest, theirs)
+        else:
+            redis_url = urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(rest), ""))
+            client = aioredis.Redis.from_url(
+                redis_url, retry=Retry(NoBackoff(), 0), retry_on_timeout=False, **theirs
+            )
         # Only builds a connection object: an option the connection class does
-        # not take fails here rather than at first use.
-        pool: Any = client.connection_pool
-        pool.make_connection()
-    except (TypeError, ValueError, RedisError) as exc:
+        # not take fails here rather than at first use. (RedisCluster's own
+        # signature refuses unknown options.)
+        if not isinstance(client, RedisCluster):
+            pool: Any = client.connection_pool
+            pool.make_connection()
+    except (TypeError, ValueError, RedisError, RedisClusterException) as exc:
         secrets.append(str(theirs.get("password") or ""))
         raise ConfigurationError(
             redact(f"cannot use Redis URL {shown!r}: {exc}", secrets)
         ) from None
     return client, ours
+
+
+SENTINEL_SCHEME = "redis+sentinel"
+CLUSTER_SCHEME = "redis+cluster"
+
+
+def _hosts(parts: SplitResult, what: str) -> list[tuple[str, int]]:
+    """The ``host:port[,host:port…]`` of a Sentinel or Cluster URL."""
+    _, _, hostlist = parts.netloc.rpartition("@")
+    hosts = []
+    for item in hostlist.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{what} address {item!r} is not host:port")
+        hosts.append((host.strip("[]"), int(port)))
+    return hosts
+
+
+def _driver_options(parts: SplitResult, query: Sequence[str], options: dict[str, Any]) -> None:
+    """Add the query's driver options (parsed as redis-py parses them) and the
+    user-info to ``options``; keywords already there win."""
+    parsers = cast(dict[str, Callable[[str], Any]], URL_QUERY_ARGUMENT_PARSERS)
+    for segment in query:
+        name, _, value = segment.partition("=")
+        name, value = unquote(name), unquote(value)
+        options.setdefault(name, parsers.get(name, str)(value))
+    if parts.username:
+        options.setdefault("username", unquote(parts.username))
+    if parts.password:
+        options.setdefault("password", unquote(parts.password))
+
+
+def _sentinel_client(parts: SplitResult, query: Sequence[str], options: dict[str, Any]) -> Any:
+    """The master client of ``redis+sentinel://[[user]:password@]host:port[,host:port…]/<service>``.
+
+    The user-info and every query option apply to the master's connections;
+    the sentinels get the socket timeouts only. redis-py's Sentinel pool asks
+    the sentinels for the master's address whenever a connection is made, and
+    a connection that finds a demoted master (``READONLY``) is dropped, so the
+    next one reaches the new master.
+    """
+    from redis.asyncio.sentinel import Sentinel
+
+    service = unquote(parts.path.strip("/"))
+    if not service or "/" in service:
+        raise ValueError("the path must be the Sentinel service name: /<service_name>")
+    sentinels = _hosts(parts, "sentinel")
+    _driver_options(parts, query, options)
+    sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
+    sentinel_options["retry"] = Retry(NoBackoff(), 0)
+    options.pop("max_connections", None)  # the Sentinel pool is not bounded by it
+    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+    return sentinel.master_for(
+        service, redis_class=aioredis.Redis, retry=Retry(NoBackoff(), 0), **options
+    )
+
+
+def _cluster_client(parts: SplitResult, query: Sequence[str], options: dict[str, Any]) -> Any:
+    """The client of ``redis+cluster://[[user]:password@]host:port[,host:port…]``.
+
+    The hosts are startup nodes; redis-py learns the rest of the cluster from
+    them. Its retries are off: a connection failure is not re-sent (redirections,
+    ``MOVED`` and ``ASK``, still are: a redirected command did not run).
+    """
+    from redis.asyncio.cluster import ClusterNode
+
+    if parts.path.strip("/"):
+        raise ValueError("a Redis Cluster has one database: no path after the hosts")
+    nodes = [ClusterNode(host, port) for host, port in _hosts(parts, "cluster node")]
+    _driver_options(parts, query, options)
+    options.pop("retry_on_timeout", None)  # not a RedisCluster option; off anyway
+    return RedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **options)
 
 
 # -- the pipelined lease connection ----------------------------------------------------
@@ -232,6 +368,9 @@ class _Pipe:
     def __init__(self, pool: Any, timeout: float | None) -> None:
         self._pool = pool
         self._timeout = timeout
+        #: Run on each new connection before any command is written to it
+        #: (with the raw redis-py connection); an error fails the connect.
+        self.on_connect: Callable[[Any], Awaitable[None]] | None = None
         self._conn: Any = None
         self._writer: Any = None
         self._pending: deque[tuple[asyncio.Future[Any], float]] = deque()
@@ -319,6 +458,8 @@ class _Pipe:
             conn = self._pool.make_connection()
             try:
                 await conn.connect()
+                if self.on_connect is not None:
+                    await self.on_connect(conn)
             except BaseException:
                 with contextlib.suppress(Exception):
                     await conn.disconnect()
@@ -432,12 +573,28 @@ class RedisConnection:
     the password is never shown.
     """
 
-    def __init__(self, client: aioredis.Redis, *, strict: bool, max_concurrency: int) -> None:
-        kwargs = client.connection_pool.connection_kwargs
+    def __init__(self, client: Any, *, strict: bool, max_concurrency: int) -> None:
+        kwargs = client_settings(client)
         self.client = client
         # redis-py leaves execute_command untyped; this also saves a lookup per call.
         self._execute = cast(Callable[..., Awaitable[Any]], client.execute_command)
-        if "path" in kwargs:
+        #: A ``redis.asyncio.RedisCluster``: commands are routed by key slot.
+        self.cluster = isinstance(client, RedisCluster)
+        pool: Any = getattr(client, "connection_pool", None)
+        self._sentinel: Any = getattr(pool, "sentinel_manager", None)
+        self._listen_client: aioredis.Redis | None = None
+        if self.cluster:
+            nodes = client.nodes_manager.startup_nodes.values()
+            seen = ",".join(f"{n.host}:{n.port}" for n in nodes)
+            self.where = f"cluster via {seen}"
+        elif self._sentinel is not None:  # a Sentinel-managed client
+            seen = ",".join(
+                f"{c.connection_pool.connection_kwargs.get('host')}:"
+                f"{c.connection_pool.connection_kwargs.get('port')}"
+                for c in self._sentinel.sentinels
+            )
+            self.where = f"sentinel {pool.service_name!r} via {seen}/{kwargs.get('db', 0)}"
+        elif "path" in kwargs:
             self.where = f"unix:{kwargs['path']}/{kwargs.get('db', 0)}"
         else:
             self.where = (
@@ -450,26 +607,50 @@ class RedisConnection:
         # pool failing with "Too many connections" under a burst.
         self.slots = asyncio.Semaphore(max_concurrency)
         self.pipe: _Pipe | None = None
-        if str(kwargs.get("protocol") or 2) == "2":
+        if not self.cluster and str(kwargs.get("protocol") or 2) == "2":
             self.pipe = _Pipe(client.connection_pool, kwargs.get("socket_timeout"))
         self._strict = strict
+        #: Read at first use: the server may evict keys (``maxmemory-policy``).
+        self.evicting = False
+        #: Read at first use: ``appendonly yes`` with ``appendfsync always``
+        #: (``False`` when ``CONFIG`` cannot be read).
+        self.durable = False
         #: The first-use check passed: commands may be sent.
         self.ready = False
         self.config_error: ConfigurationError | None = None
         self._prepare_lock = asyncio.Lock()
 
     async def prepare(self) -> None:
-        """Check ``maxmemory-policy`` once; raise the strict refusal, if any."""
+        """Read ``maxmemory-policy`` and the persistence settings once; raise the
+        strict refusal, if any."""
         async with self._prepare_lock:
             if not self.ready and self.config_error is None:
                 task = asyncio.current_task()
                 cancels = 0 if task is None else task.cancelling()
+                # On a cluster: every primary's answer; the worst one counts.
+                target = {"target_nodes": RedisCluster.PRIMARIES} if self.cluster else {}
                 with self.driver_errors:
-                    info = await self.client.info("memory")
+                    infos = await self.client.info("memory", **target)
+                    try:
+                        configs = await self.client.config_get("append*", **target)
+                    except ResponseError:  # CONFIG renamed or refused (managed services)
+                        configs = {}
                 if task is not None and task.cancelling() > cancels:
                     raise asyncio.CancelledError  # lost by redis-py: see ``io``
-                policy = str(info.get("maxmemory_policy", "unknown"))
-                if policy not in _EVICTING_POLICIES_OK:
+                if not self.cluster:
+                    infos, configs = {"": infos}, {"": configs}
+                durable = [
+                    {_text(k): _text(v) for k, v in config.items()} for config in configs.values()
+                ]
+                self.durable = bool(durable) and all(
+                    d.get("appendonly") == "yes" and d.get("appendfsync") == "always"
+                    for d in durable
+                )
+                policies = {str(i.get("maxmemory_policy", "unknown")) for i in infos.values()}
+                evicting = sorted(policies - _EVICTING_POLICIES_OK)
+                policy = ", ".join(evicting)
+                self.evicting = bool(evicting)
+                if self.evicting:
                     message = (
                         f"Redis at {self.where} has maxmemory-policy {policy!r}: it can evict "
                         "live leases and stream entries; set maxmemory-policy noeviction"
@@ -478,6 +659,7 @@ class RedisConnection:
                         self.config_error = ConfigurationError(message)
                     else:
                         logger.warning("%s", message)
+                await self.prepare_cluster()
                 self.ready = self.config_error is None
         if self.config_error is not None:
             raise self.config_error
@@ -598,6 +780,45 @@ class RedisConnection:
         if close_client:
             with contextlib.suppress(Exception):
                 await self.client.aclose()
+            if self._sentinel is not None:  # its connections to the sentinels
+                with contextlib.suppress(Exception):
+                    await self._sentinel.aclose()
+        if self._listen_client is not None:
+            with contextlib.suppress(Exception):
+                await self._listen_client.aclose()
+
+    def pubsub(self) -> Any:
+        """A redis-py ``PubSub`` for release wake-ups.
+
+        On a cluster, on a plain connection to one primary: ``PUBLISH`` reaches
+        every node of a cluster, so any node hears every release.
+        """
+        if not self.cluster:
+            return self.client.pubsub()
+        if self._listen_client is None:
+            node = self.client.get_default_node()
+            kwargs = client_settings(self.client)
+            keep = ("username", "password", "socket_timeout", "socket_connect_timeout", "ssl")
+            self._listen_client = aioredis.Redis(
+                host=node.host,
+                port=node.port,
+                retry=Retry(NoBackoff(), 0),
+                **{k: kwargs[k] for k in keep if kwargs.get(k) is not None},
+            )
+        return self._listen_client.pubsub()
+
+    async def scan_targets(self) -> list[dict[str, Any]]:
+        """Keyword arguments that send a ``SCAN`` to each node holding keys."""
+        if not self.cluster:
+            return [{}]
+        if not self.ready:
+            await self.prepare()
+        return [{"target_nodes": node} for node in self.client.get_primaries()]
+
+    async def prepare_cluster(self) -> None:
+        """Build the slot tags (:func:`slot_tag`) off the event loop, once."""
+        if self.cluster and not _SLOT_TAGS:
+            await asyncio.to_thread(_slot_tags)
 
 
 class RedisParts:
@@ -605,7 +826,7 @@ class RedisParts:
     prefix and the instance's name."""
 
     def _setup_connection(
-        self, client: aioredis.Redis, *, prefix: str, strict: bool, max_concurrency: int
+        self, client: Any, *, prefix: str, strict: bool, max_concurrency: int
     ) -> None:
         conn = RedisConnection(client, strict=strict, max_concurrency=max_concurrency)
         self._conn = conn

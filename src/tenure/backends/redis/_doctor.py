@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import TYPE_CHECKING
 
@@ -34,10 +33,15 @@ async def diagnose(backend: RedisLeases) -> list[Finding]:
     except BackendUnavailable:  # CONFIG renamed or not allowed (managed Redis)
         fsync = None
     quarantine_ms = backend._quarantine_ms
+    # What the next grant would find (the check records its answer, as a grant does).
+    try:
+        left_ms, reason = await backend._check_epoch() if quarantine_ms else (0, "")
+    except BackendUnavailable as exc:  # a replica refuses the write
+        left_ms, reason = -1, str(exc)
     return [
         _eviction(info),
         _persistence(info, fsync, quarantine_ms),
-        _quarantine(info, quarantine_ms),
+        _quarantine(quarantine_ms, left_ms, reason),
         _replication(info),
         _clock(int(seconds) + int(micros) / 1e6 - (sent + got) / 2),
     ]
@@ -86,23 +90,23 @@ def _persistence(info: dict[str, str], fsync: str | None, quarantine_ms: int) ->
     )
 
 
-def _quarantine(info: dict[str, str], quarantine_ms: int) -> Finding:
+def _quarantine(quarantine_ms: int, left_ms: int, reason: str) -> Finding:
     if not quarantine_ms:
         return warn(
             "quarantine",
-            "off (quarantine=off): grants right after a restart can give a key two owners",
+            "off (quarantine=off): grants after a restart, FLUSHALL, eviction or failover can "
+            "give a key two owners",
             "drop quarantine=off from the URL",
         )
-    uptime_s = int(info.get("uptime_in_seconds", "0"))
-    window_ms = 1000 + quarantine_ms + math.ceil(quarantine_ms / 100)
-    left_ms = window_ms - uptime_s * 1000
+    if left_ms < 0:
+        return warn("quarantine", f"cannot be checked: {reason}")
     if left_ms > 0:
         return warn(
             "quarantine",
-            f"active: the server started {uptime_s} s ago; grants of keys it does not know "
-            f"resume in about {left_ms / 1000:.0f} s",
+            f"active: the server may have lost leases ({reason or 'recorded earlier'}); "
+            f"new grants resume in about {left_ms / 1000:.0f} s",
         )
-    return ok("quarantine", f"over (the server has been up {uptime_s} s)")
+    return ok("quarantine", "none: no sign that the server lost lease state")
 
 
 def _replication(info: dict[str, str]) -> Finding:

@@ -13,10 +13,13 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from ..._contract import AcquireResult, LeaseRecord
 from ..._doctor import Finding
+from ..._errors import BackendUnavailable, ConfigurationError
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore
-from ._connection import RedisParts, _tag, load_script
+from ._connection import RedisParts, _tag, load_script, slot_tag
 
 __all__ = ["RedisLeases"]
 
@@ -33,6 +36,8 @@ _RELEASE = load_script("release")
 _TRANSFER = load_script("transfer")
 _GET = load_script("get")
 _REVOKE = load_script("revoke")
+_EPOCH = load_script("epoch")
+_MARKER = b"epoch"
 _GLOB_SPECIAL = frozenset(b"\\*?[]")
 _LEASE_SUFFIX = b"}:lease"
 
@@ -64,10 +69,28 @@ class RedisLeases(RedisParts, LeaseCore):
     """
 
     capabilities = LEASE_CAPABILITIES
+    _max_ttl_reason = (
+        "after it may have lost leases (a restart, FLUSHALL, eviction, failover) the Redis "
+        "backend refuses new grants for max_ttl_ms, the longest a lost lease can be in use, "
+        "so its default ceiling is 60 s where the other backends allow 2**31 - 1 ms"
+    )
 
-    def _setup_leases(self, *, quarantine_ms: int) -> None:
+    def _setup_leases(self, *, quarantine_ms: int, min_replicas: int, replica_wait_ms: int) -> None:
         self._channel = self._p + _RELEASED_CHANNEL
         self._quarantine_ms = quarantine_ms
+        self._min_replicas = min_replicas
+        self._replica_wait_ms = replica_wait_ms
+        self._marker = self._p + _MARKER
+        self._cluster = b"1" if self._conn.cluster else b"0"
+        if min_replicas and self._conn.pipe is None:
+            raise ConfigurationError(
+                "min_replicas needs the pipelined lease connection (WAIT counts the writes of "
+                "the connection it is sent on): not with a Redis Cluster or a RESP3 client"
+            )
+        if quarantine_ms and self._conn.pipe is not None:
+            # A new connection may reach another server (a failover, a restart):
+            # look at its marker before the first command.
+            self._conn.pipe.on_connect = self._check_epoch_on
         # Local (event-loop clock) end of the last quarantine we were told about.
         self._quarantine_deadline = 0.0
         self._pubsub: Any = None
@@ -78,33 +101,112 @@ class RedisLeases(RedisParts, LeaseCore):
         base = self._p + b"{" + _tag(key) + b"}:"
         return base + b"lease", base + b"token"
 
+    def _marker_of(self, lease: bytes) -> bytes:
+        """The epoch marker for ``lease``: one per prefix; on a cluster, one per
+        prefix and key slot (a script touches one slot)."""
+        if self._conn.cluster:
+            return self._p + b"{" + slot_tag(lease) + b"}:" + _MARKER
+        return self._marker
+
     # -- the five methods ----------------------------------------------------------
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
-        """Claim ``key``; during a quarantine ``AcquireResult(False, None)`` (see the class)."""
+        """Claim ``key``; during a quarantine ``AcquireResult(False, None,
+        retry_after_ms=…)`` (see the class docstring)."""
         ttl = self._args(key, owner, ttl_ms)
         lease, counter = self._lease_key(key)
-        status, value = await self._eval(
-            _ACQUIRE,
-            (lease, counter),
-            (owner, ttl, self._quarantine_ms, max(_COUNTER_KEEP_MS, 2 * ttl)),
+        args = (
+            owner,
+            ttl,
+            self._quarantine_ms,
+            max(_COUNTER_KEEP_MS, 2 * ttl),
+            b"1" if self._conn.evicting else b"0",
+            self._cluster,
         )
+        keys = (lease, counter, self._marker_of(lease))
+        reply = await self._eval(_ACQUIRE, keys, args)
+        if reply[0] == 3:
+            # No marker, or keys were evicted: decide, record, and ask again.
+            await self._check_epoch(keys[2])
+            reply = await self._eval(_ACQUIRE, keys, args)
+        status = reply[0]
         if status == 1:
-            return AcquireResult(True, owner, int(value))
+            if self._min_replicas:
+                await self._replicated(key, "grant", owner)
+            return AcquireResult(True, owner, int(reply[1]))
         if status == 0:
-            return AcquireResult(False, value.decode("utf-8"), None)
-        remaining = int(value) / 1000
+            return AcquireResult(False, reply[1].decode("utf-8"), None)
+        if status == 3:  # evicting again at once: refuse one quarantine
+            return AcquireResult(False, None, None, retry_after_ms=self._quarantine_ms)
+        left = int(reply[1])
+        self._note_quarantine(left, "")
+        return AcquireResult(False, None, None, retry_after_ms=left)
+
+    async def _replicated(self, key: str, what: str, release: str | None) -> None:
+        """``WAIT`` until ``min_replicas`` replicas have this connection's writes.
+
+        Too few within ``replica_wait_ms``: :class:`BackendUnavailable` (the
+        outcome is unknown to the caller), after releasing ``release``'s lease
+        (best effort) for a grant or transfer, which the caller then never
+        sees. A renewal is not undone: the holder's renew deadline still
+        counts from its last acknowledged (replicated) renewal.
+        """
+        acked = int(await self._call("WAIT", self._min_replicas, self._replica_wait_ms))
+        if acked >= self._min_replicas:
+            return
+        undone = ""
+        if release is not None:
+            with contextlib.suppress(BackendUnavailable):
+                await self.release_lease(key, release)
+            undone = "; the lease was released"
+        raise BackendUnavailable(
+            f"Redis at {self._where}: the {what} of lease {key!r} reached {acked} of "
+            f"min_replicas={self._min_replicas} replicas within {self._replica_wait_ms} ms "
+            f"(a failover could lose it){undone}"
+        )
+
+    async def _check_epoch(self, marker: bytes | None = None) -> tuple[int, str]:
+        """Run ``epoch.lua`` on ``marker`` (by default the prefix's; on a cluster,
+        its first key slot's): has this server lost the prefix's lease state?
+
+        Returns the quarantine left in ms (0: none) and its reason.
+        """
+        if marker is None:
+            marker = self._marker_of(self._p + b"{}")
+        reply = await self._eval(
+            _EPOCH, (marker,), (self._quarantine_ms, b"1" if self._conn.durable else b"0")
+        )
+        left, reason = int(reply[0]), reply[1].decode("utf-8")
+        self._note_quarantine(left, reason)
+        return left, reason
+
+    async def _check_epoch_on(self, conn: Any) -> None:
+        """``epoch.lua`` on a new lease connection (``_Pipe.on_connect``)."""
+        durable = b"1" if self._conn.durable else b"0"
+        await conn.send_command("EVAL", _EPOCH.body, 1, self._marker, self._quarantine_ms, durable)
+        try:
+            reply = await conn.read_response()
+        except ResponseError:
+            return  # a replica (READONLY): every grant fails there anyway, and says why
+        self._note_quarantine(int(reply[0]), reply[1].decode("utf-8"))
+
+    def _note_quarantine(self, left_ms: int, reason: str) -> None:
+        """Remember (and log, once per quarantine) that grants are refused for ``left_ms``."""
+        if left_ms <= 0:
+            return
         loop = asyncio.get_running_loop()
-        if loop.time() >= self._quarantine_deadline:
+        if loop.time() >= self._quarantine_deadline or reason:
             logger.warning(
-                "lease %r refused: Redis at %s started less than max_ttl_ms ago and does not "
-                "know the key, so it may have lost leases; grants resume in %.1f s",
-                key,
+                "Redis at %s refuses new leases of prefix %r for %.1f s: it may have lost "
+                "leases granted before (%s); a lease granted then can be in use until it "
+                "expires (max_ttl_ms=%d)",
                 self._where,
-                remaining,
+                self._prefix,
+                left_ms / 1000,
+                reason or "a quarantine recorded on the server",
+                self._quarantine_ms,
             )
-        self._quarantine_deadline = loop.time() + remaining
-        return AcquireResult(False, None, None)
+        self._quarantine_deadline = loop.time() + left_ms / 1000
 
     async def _read(self, key: str) -> LeaseRecord | None:
         reply = await self._eval(_GET, (self._lease_key(key)[0],), ())
@@ -121,7 +223,10 @@ class RedisLeases(RedisParts, LeaseCore):
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         ttl = self._args(key, owner, ttl_ms)
-        return bool(await self._eval(_RENEW, (self._lease_key(key)[0],), (owner, ttl)))
+        renewed = bool(await self._eval(_RENEW, (self._lease_key(key)[0],), (owner, ttl)))
+        if renewed and self._min_replicas:
+            await self._replicated(key, "renewal", None)
+        return renewed
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         ttl = self._args_transfer(key, from_owner, to_owner, ttl_ms)
@@ -138,6 +243,8 @@ class RedisLeases(RedisParts, LeaseCore):
                 key.encode("utf-8"),
             ),
         )
+        if reply is not None and self._min_replicas:
+            await self._replicated(key, "transfer", to_owner)
         return reply is not None
 
     async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
@@ -154,7 +261,10 @@ class RedisLeases(RedisParts, LeaseCore):
             return []
         leases = [self._lease_key(key)[0] for key in key_list]
         replies = await self._conn.eval_per_key(_RENEW, leases, (owner.encode("utf-8"), ttl))
-        return [bool(r) for r in replies]
+        renewed = [bool(r) for r in replies]
+        if self._min_replicas and any(renewed):
+            await self._replicated(key_list[0], "batch renewal", None)
+        return renewed
 
     async def diagnose(self) -> list[Finding]:
         """What ``tenure doctor`` reports about this server (:mod:`tenure._doctor`)."""
@@ -174,9 +284,23 @@ class RedisLeases(RedisParts, LeaseCore):
         head = self._p + b"{"
         pattern = _glob_literal(head + _tag(prefix)) + b"*" + _LEASE_SUFFIX
         seen: set[bytes] = set()
+        for target in await self._conn.scan_targets():
+            async for page in self._scan_node(head, pattern, seen, target):
+                yield page
+
+    async def _scan_node(
+        self, head: bytes, pattern: bytes, seen: set[bytes], target: dict[str, Any]
+    ) -> AsyncGenerator[list[tuple[str, LeaseRecord]], None]:
+        """``_scan`` on one server (a cluster's primary, by ``target``)."""
+        execute = self._client.execute_command
         cursor: bytes | int = 0
         while True:
-            cursor, found = await self._call("SCAN", cursor, "MATCH", pattern, "COUNT", PAGE)
+            reply = await self._io(
+                execute, "SCAN", cursor, "MATCH", pattern, "COUNT", PAGE, **target
+            )
+            cursor, found = reply
+            if isinstance(cursor, dict):  # a cluster's answer: the cursor by node
+                (cursor,) = cursor.values()
             leases = []
             for name in found:
                 tag = name[len(head) : -len(_LEASE_SUFFIX)]
@@ -226,7 +350,7 @@ class RedisLeases(RedisParts, LeaseCore):
                 return
             if not self._conn.ready:
                 await self._conn.prepare()
-            pubsub = self._client.pubsub()
+            pubsub = self._conn.pubsub()
             loop = asyncio.get_running_loop()
             try:
                 with self._conn.driver_errors:

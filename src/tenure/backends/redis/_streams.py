@@ -103,7 +103,8 @@ class RedisStreams(StreamReader, PubSub):
                 event.to_json().encode("utf-8"),
                 self._stream_maxlen,
                 topic.encode("utf-8"),
-                self._p + b"backlog:",
+                # No index on a cluster: it lives in another slot (no BACKLOG there).
+                b"" if self._conn.cluster else self._p + b"backlog:",
                 self._dedupe_window_ms,
             ),
         )

@@ -10,7 +10,7 @@
 -- Returns {1, <stream entry id>} when the event was stored.
 --
 -- The index keys are not declared (they are not in the stream's slot): fine on
--- one Redis, a Redis Cluster concern left for later.
+-- one Redis; on a Redis Cluster ARGV[4] is empty and no index is kept.
 if #KEYS == 2 then
   local first = redis.call('GET', KEYS[2])
   if first then
@@ -20,6 +20,9 @@ end
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'e', ARGV[1])
 if #KEYS == 2 then
   redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[5])
+end
+if ARGV[4] == '' then
+  return {1, id}
 end
 for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   for i = 1, #group, 2 do

@@ -1,0 +1,77 @@
+-- Decide whether this server may have lost leases of the prefix whose epoch
+-- marker is KEYS[1], and record the answer in the marker, in one atomic step.
+-- ARGV[1]: quarantine length in ms (the prefix's max TTL).
+-- ARGV[2]: '1' when the server's persistence keeps every write across a
+-- restart (appendonly yes, appendfsync always), as read by the client.
+--
+-- The marker is "<end of quarantine, ms>:<master_replid>:<evicted_keys>". Every
+-- grant needs it (acquire.lua answers {3} without it), so while any lease of
+-- the prefix is live the marker exists. Lease state may have been lost when:
+--   * the marker is missing and the server shows a way it could have lost it:
+--     it started less than a quarantine ago without durable persistence, its
+--     clock is behind its start time, FLUSHALL/FLUSHDB ran since it started,
+--     or it evicted keys;
+--   * the marker's replication ID is not the server's: a replica was
+--     promoted, or the server restarted from a snapshot or a log without
+--     appendfsync always (its data may be older than the grants clients saw);
+--   * the server evicted keys since the marker was written.
+-- Then new grants are refused until a lease granted before the loss has
+-- expired: for ARGV[1] ms (+1%, clock-rate error) from now, or from the
+-- server's start after a restart. A missing marker with none of those signs
+-- means this prefix was never used on this server (see the class docstring
+-- for what that cannot rule out).
+-- Returns {ms left in the quarantine (0 if none), reason ('' if none)}.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local q = tonumber(ARGV[1])
+local function field(section, name)
+  return string.match(redis.call('INFO', section), name .. ':([%-%w]+)')
+end
+local replid = field('replication', 'master_replid') or ''
+local evicted = tonumber(field('stats', 'evicted_keys'))
+local until_ms = now_ms + q + math.ceil(q / 100)
+local reason
+local m = redis.call('GET', KEYS[1])
+if m then
+  local old_until, old_id, old_evicted = string.match(m, '^(%d+):([^:]*):(%d+)$')
+  if old_id ~= replid then
+    -- master_replid2 is the ID a promoted replica had before; all zeros on a
+    -- server that was never promoted since it started (its data is what it
+    -- loaded from its own disk: all of it with appendfsync always).
+    local replid2 = field('replication', 'master_replid2') or ''
+    if ARGV[2] ~= '1' or string.find(replid2, '[^0]') then
+      reason = 'its replication ID changed: a replica was promoted, or it restarted'
+        .. ' from a snapshot or a log that may miss the last writes'
+    end
+  elseif evicted > tonumber(old_evicted) then
+    reason = 'it evicted keys'
+  elseif evicted < tonumber(old_evicted) then
+    reason = 'its statistics were reset (CONFIG RESETSTAT): evictions cannot be ruled out'
+  end
+  if not reason then
+    if old_id == replid then
+      local left = tonumber(old_until) - now_ms
+      return {left > 0 and left or 0, ''}  -- nothing changed: no write
+    end
+    until_ms = tonumber(old_until)
+  end
+else
+  local uptime = tonumber(field('server', 'uptime_in_seconds'))
+  local flushes = string.match(redis.call('INFO', 'commandstats'), 'cmdstat_flush[a-z]+:calls=')
+  if uptime < 0 then
+    reason = 'its clock is behind the time it started'
+  elseif ARGV[2] ~= '1' and uptime * 1000 < q + 1000 + math.ceil(q / 100) then
+    reason = string.format('it started %d s ago without appendfsync always', uptime)
+    -- TIME - uptime is the start rounded down to a whole second.
+    until_ms = (tonumber(t[1]) - uptime + 1) * 1000 + q + math.ceil(q / 100)
+  elseif flushes then
+    reason = 'FLUSHALL or FLUSHDB ran since it started'
+  elseif evicted > 0 then
+    reason = 'it evicted keys'
+  else
+    until_ms = 0
+  end
+end
+redis.call('SET', KEYS[1], string.format('%.0f:%s:%d', until_ms, replid, evicted))
+local left = until_ms - now_ms
+return {left > 0 and left or 0, reason or ''}
