@@ -32,6 +32,7 @@ from tenure.demo._evidence import (
 from tenure.demo._run import demo_url
 from tenure.demo._view import DemoState, render
 
+from .postgres.helpers import drop_schema, new_schema
 from .redis.helpers import delete_prefix
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -108,6 +109,28 @@ def test_demo_passes_with_a_kill_on_redis(tmp_path: Path, redis_url: str, unique
     assert len(log_files) == 3, log_files
     logs = "".join(p.read_text() for p in log_files)
     assert "takes longer than" not in logs, logs
+
+
+@pytest.mark.slow
+def test_demo_passes_with_a_kill_on_postgres(tmp_path: Path, postgres_url: str) -> None:
+    schema = new_schema()
+    try:
+        proc = _run_cli(
+            "demo",
+            "--workers=3",
+            "--signals=60",
+            "--seed=3",
+            f"--url={postgres_url}?schema={schema}",
+            tmp_path=tmp_path,
+        )
+    finally:
+        drop_schema(postgres_url, schema)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "VERDICT: PASS" in out
+    assert "[FAIL]" not in out
+    assert re.search(r"SIGKILL w\d \(pid \d+\) holding thread-\d", out), out
+    assert "backend: postgresql://" in out
 
 
 @pytest.mark.slow
