@@ -38,9 +38,12 @@ is published to the thread's own topic and read only through the consumer group
 (lease key and topic are the thread's name). One consumer at a time reads the
 log in order, so per-thread order is the log's order.
 
-*A sender never forwards a payload.* After publishing it tries to acquire the
+*A sender never forwards a payload.* It publishes and tries to acquire the
 lease: if it wins it opens a *session* (lease + subscription) and answers
 ``"wake"``; otherwise ``"deliver"``: the owner reads the signal from the log.
+A refusal is trusted for 50 ms: the thread's next signals from this sender are
+published without a lease attempt (a burst costs one publish per signal). If
+the owner's run closed meanwhile, the sweep starts them.
 
 *The first signal of a thread.* A consumer group is created at the log's end, so
 a signal published before the group exists would be skipped. A session of a
@@ -48,7 +51,7 @@ thread whose group this process has not seen takes the lease as
 ``"<process>/<session>.0"`` (*opening*), subscribes, and only then moves the
 lease to ``".1"``. A sender that has not seen the group acquires first and
 publishes once its own session is open, or waits while another owner is
-opening. Once the group is known, senders publish first and acquire second.
+opening. Once the group is known, senders publish and acquire together.
 
 *Taking over.* A session that acquires a thread's lease first *reclaims* the
 group's unacknowledged signals (``Capability.RECLAIM``): whatever a previous
