@@ -65,10 +65,10 @@ async def child(url: str) -> None:
         async for signal in run.signals():
             now = time.monotonic()
             if signal.payload != "warm-up":
-                say(kind="runtime", i=signal.payload["i"], recv=now)
+                say(kind="runtime", i=signal.payload["i"], recv=now, cpu=time.process_time())
 
     async def on_raw(event: Event) -> None:
-        say(kind="raw", i=event.data["i"], recv=time.monotonic())
+        say(kind="raw", i=event.data["i"], recv=time.monotonic(), cpu=time.process_time())
 
     async with tenure.events_of(tenure.from_url(url)) as backend:
         await backend.subscribe(TOPIC, on_raw, group="bench")
@@ -88,6 +88,8 @@ class Child:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.recv: dict[tuple[str, int], float] = {}
+        # The receiving process's CPU time when it took each one.
+        self.cpu: dict[tuple[str, int], float] = {}
         self.ready = asyncio.Event()
         self.arrived = asyncio.Event()
         self.reader = asyncio.ensure_future(self._read())
@@ -100,6 +102,7 @@ class Child:
                 self.ready.set()
             else:
                 self.recv[(doc["kind"], doc["i"])] = doc["recv"]
+                self.cpu[(doc["kind"], doc["i"])] = doc["cpu"]
                 self.arrived.set()
 
     async def wait_for(self, kind: str, i: int, timeout: float = 30.0) -> float:
@@ -108,6 +111,11 @@ class Child:
                 self.arrived.clear()
                 await self.arrived.wait()
         return self.recv[(kind, i)]
+
+    def cpu_each(self, kind: str, first: int, count: int) -> float:
+        """Microseconds of the receiver's CPU per event from the first to the last of a burst."""
+        spent = self.cpu[(kind, first + count - 1)] - self.cpu[(kind, first)]
+        return spent / (count - 1) * 1e6
 
     async def stop(self) -> None:
         assert self.proc.stdin is not None
@@ -165,6 +173,7 @@ async def bench(name: str, url: str, count: int, burst: int, gap: float) -> list
             raw_send = burst / (time.monotonic() - start)
             raw_cpu = (time.process_time() - cpu) / burst * 1e6
             raw_rate = burst / (await kid.wait_for("raw", base + burst - 1, 120) - start)
+            raw_rcpu = kid.cpu_each("raw", base, burst)
             base = 2_000_000
             start, cpu = time.monotonic(), time.process_time()
             for i in range(base, base + burst):
@@ -172,6 +181,7 @@ async def bench(name: str, url: str, count: int, burst: int, gap: float) -> list
             rt_send = burst / (time.monotonic() - start)
             rt_cpu = (time.process_time() - cpu) / burst * 1e6
             rt_rate = burst / (await kid.wait_for("runtime", base + burst - 1, 120) - start)
+            rt_rcpu = kid.cpu_each("runtime", base, burst)
     finally:
         await kid.stop()
 
@@ -184,11 +194,11 @@ async def bench(name: str, url: str, count: int, burst: int, gap: float) -> list
     print(f"[{name}] throughput through one thread ({burst} back to back)")
     print(
         f"  raw publish -> group subscriber : {raw_rate:9.0f} events/s  "
-        f"(sending alone {raw_send:.0f}/s, {raw_cpu:.0f} us CPU each)"
+        f"(sending alone {raw_send:.0f}/s; CPU each: sender {raw_cpu:.0f} us, receiver {raw_rcpu:.0f} us)"
     )
     print(
         f"  runtime send_signal -> handler  : {rt_rate:9.0f} signals/s  ({rt_rate / raw_rate:.2f}x raw; "
-        f"sending alone {rt_send:.0f}/s, {rt_cpu:.0f} us CPU each)"
+        f"sending alone {rt_send:.0f}/s; CPU each: sender {rt_cpu:.0f} us, receiver {rt_rcpu:.0f} us)"
     )
     return [
         Figure(
