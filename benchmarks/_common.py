@@ -78,6 +78,13 @@ class Figure:
     note: str = ""
     loop: str = field(default_factory=loop_name)
 
+    @classmethod
+    def limit(
+        cls, backend: str, what: str, value: float, unit: str, goal: tuple[str, float] | None
+    ) -> Figure:
+        """A figure of tenure alone against an absolute goal (a latency, a CPU share)."""
+        return cls(backend, what, value, None, unit, None, goal, "tenure")
+
     @property
     def met(self) -> bool | None:
         if self.goal is None:

@@ -500,45 +500,15 @@ def wake_comparison(
     d = [x * 1000 for x in delivery["this tree"]]
     h = [x * 1000 for x in handoff["this tree"]]
     return [
-        Figure(
-            "sqlite",
-            "cross-process delivery p50",
-            statistics.median(d),
-            None,
-            "ms",
-            None,
-            ("<=", 1.0),
-            "tenure",
+        Figure.limit(
+            "sqlite", "cross-process delivery p50", statistics.median(d), "ms", ("<=", 1.0)
         ),
-        Figure(
-            "sqlite",
-            "cross-process delivery p99",
-            percentile(d, 0.99),
-            None,
-            "ms",
-            None,
-            ("<=", 5.0),
-            "tenure",
+        Figure.limit(
+            "sqlite", "cross-process delivery p99", percentile(d, 0.99), "ms", ("<=", 5.0)
         ),
-        Figure(
-            "sqlite",
-            "hand-off median",
-            statistics.median(h),
-            None,
-            "ms",
-            None,
-            ("<=", 1.0),
-            "tenure",
-        ),
-        Figure(
-            "sqlite",
-            "idle subscriber, % of one core",
-            cpu["this tree"] * 100,
-            None,
-            "%",
-            None,
-            ("<=", 0.2),
-            "tenure",
+        Figure.limit("sqlite", "hand-off median", statistics.median(h), "ms", ("<=", 1.0)),
+        Figure.limit(
+            "sqlite", "idle subscriber, % of one core", cpu["this tree"] * 100, "%", ("<=", 0.2)
         ),
     ]
 
