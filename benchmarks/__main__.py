@@ -7,7 +7,7 @@ ratio | goal | met?), writes it as JSON and draws the chart of tenure/baseline
 ratios with their goals (``docs/benchmarks.png``).
 
 Needs the shared Redis and PostgreSQL of the tests (``TENURE_TEST_REDIS_URL``,
-``TENURE_TEST_POSTGRES_URL``) and ``redis-server`` on the PATH. Publish only
+``TENURE_TEST_POSTGRES_URL``) and ``redis-server`` and ``etcd`` on the PATH. Publish only
 figures from a quiet machine (load average well under 1 before and after).
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from benchmarks._common import LOOP_ENV, Figure, load_average, print_table
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ("memory", "redis", "sqlite", "postgres", "handoff", "runtime", "sync")
+BENCHMARKS = ("memory", "redis", "sqlite", "postgres", "etcd", "handoff", "runtime", "sync")
 
 
 def chart(figures: Sequence[Figure], path: Path) -> None:
