@@ -21,15 +21,16 @@ __all__ = [
     "check_prefix",
     "check_timeout",
     "check_ttl",
+    "remember_names",
 ]
 
 MAX_NAME_BYTES = 1024
 MAX_TTL_MS = 2**31 - 1
 
-#: Names (``str`` exactly) that :func:`check_name` found valid, so that the hot
-#: paths (``LeaseCore._args``) check a key or owner seen before with one set
-#: lookup instead of its type, encoding and length. Cleared when full, so it
-#: holds at most ``_KNOWN_MAX`` names of at most 1024 bytes each.
+#: Keys and owners (``str`` exactly) already found valid, so that the lease
+#: calls (``LeaseCore._args``) check one seen before with a set lookup instead
+#: of its type, encoding and length (see :func:`remember_names`). Cleared when
+#: full, so it holds at most ``_KNOWN_MAX`` names of at most 1024 bytes each.
 KNOWN_NAMES: set[str] = set()
 _KNOWN_MAX = 1024
 
@@ -42,7 +43,6 @@ def check_name(value: Any, arg: str) -> str:
     """
     # Fast path: ASCII strings are always encodable and one byte per character.
     if type(value) is str and value.isascii() and 0 < len(value) <= MAX_NAME_BYTES:
-        _remember(value)
         return value
     if not isinstance(value, str):
         raise InvalidArgument(f"{arg} must be a str, got {type(value).__name__}")
@@ -56,15 +56,17 @@ def check_name(value: Any, arg: str) -> str:
         ) from None
     if size > MAX_NAME_BYTES:
         raise InvalidArgument(f"{arg} must be at most {MAX_NAME_BYTES} bytes in UTF-8, got {size}")
-    if type(value) is str:  # a subclass could compare equal to a valid name without being one
-        _remember(value)
     return value
 
 
-def _remember(name: str) -> None:
+def remember_names(*names: str) -> None:
+    """Add ``names``, just passed by :func:`check_name`, to :data:`KNOWN_NAMES`.
+
+    Only exact ``str``: a subclass could compare equal to a valid name without being one.
+    """
     if len(KNOWN_NAMES) >= _KNOWN_MAX:
         KNOWN_NAMES.clear()
-    KNOWN_NAMES.add(name)
+    KNOWN_NAMES.update(name for name in names if type(name) is str)
 
 
 def check_ttl(value: Any, arg: str = "ttl_ms") -> int:

@@ -32,6 +32,7 @@ from .._validate import (
     check_prefix,
     check_timeout,
     check_ttl,
+    remember_names,
 )
 from .._waiters import KeyWaiters
 
@@ -150,6 +151,7 @@ class LeaseCore(AsyncCloseable, abc.ABC):
             check_name(key, "key")
             check_name(owner, "owner")
             self._check_ttl(ttl_ms)
+            remember_names(key, owner)
         if self._closed:
             raise self._closed_error()
         return ttl_ms  # type: ignore[no-any-return]  # an int, checked above
