@@ -29,31 +29,33 @@ least 0.8 of the raw rate.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a file: the repository root first (benchmarks/redis.py shadows redis)
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
 import argparse
 import asyncio
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
-# Run as a script, this directory comes first on sys.path, and benchmarks/redis.py
-# would shadow the redis package (which tests/support imports).
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
-
-import tenure  # noqa: E402
-from tenure.backends.etcd import EtcdLeases  # noqa: E402
-from tenure.backends.etcd._connection import EtcdChannel, rpc  # noqa: E402
-from tests.support.etcd_server import EtcdCluster  # noqa: E402
-from tests.support.redis_server import RedisServer  # noqa: E402
-from tests.support.servers import drop_postgres_schema  # noqa: E402
+import tenure
+from benchmarks._common import Figure, interleave, percentile, print_table, run, stamped
+from tenure.backends.etcd import EtcdLeases
+from tenure.backends.etcd._connection import EtcdChannel, rpc
+from tests.support.etcd_server import EtcdCluster
+from tests.support.redis_server import RedisServer
+from tests.support.servers import drop_postgres_schema
 
 TTL_MS = 30_000
 BLOCK = 25
+# (cycles, hand-offs)
+FULL = (2000, 100)
+SHORT = (500, 30)
 _CREATE = rpc.Compare.CompareTarget.CREATE
 _VALUE = rpc.Compare.CompareTarget.VALUE
 _EQUAL = rpc.Compare.CompareResult.EQUAL
@@ -99,19 +101,21 @@ Cycle = Callable[[int], Awaitable[None]]
 async def alternate(cycles: dict[str, Cycle], count: int) -> dict[str, float]:
     """Cycles per second of each kind: 20 to warm up (connections, the clean-up
     lease, tables), then ``BLOCK`` cycles at a time, the kinds in rotating order."""
-    names = list(cycles)
     for i in range(20):
-        for name in names:
-            await cycles[name](i)
-    spent = dict.fromkeys(names, 0.0)
-    for block in range(count // BLOCK):
-        for name in names[block % len(names) :] + names[: block % len(names)]:
+        for cycle in cycles.values():
+            await cycle(i)
+
+    def block(cycle: Cycle) -> Callable[[], Awaitable[tuple[float, float]]]:
+        async def run_block() -> tuple[float, float]:
             start = time.perf_counter()
             for i in range(BLOCK):
-                await cycles[name](i)
-            spent[name] += time.perf_counter() - start
-    done = (count // BLOCK) * BLOCK
-    return {name: done / seconds for name, seconds in spent.items()}
+                await cycle(i)
+            return BLOCK, time.perf_counter() - start
+
+        return run_block
+
+    result = await interleave({name: block(c) for name, c in cycles.items()}, count // BLOCK)
+    return {name: result.rate(name) for name in cycles}
 
 
 def tenure_cycle(backend: Any, prefix: str) -> Cycle:
@@ -222,36 +226,67 @@ async def side_by_side(cluster: EtcdCluster, redis_url: str, count: int) -> dict
         drop_postgres_schema(schema)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--members", type=int, default=1, choices=[1, 3])
-    parser.add_argument("--cycles", type=int, default=2000)
-    parser.add_argument("--handoffs", type=int, default=100)
-    parser.add_argument("--compare", action="store_true", help="also Redis and PostgreSQL")
-    ns = parser.parse_args()
-    with EtcdCluster(size=ns.members) as cluster:
-        print(f"etcd, {ns.members} member(s), on a shared machine: figures are noisy")
-        rates = asyncio.run(cycles(cluster, ns.cycles))
+def measure(members: int, count: int, rounds: int, compare: bool = False) -> list[Figure]:
+    with EtcdCluster(size=members) as cluster:
+        print(f"etcd, {members} member(s)")
+        rates = run(cycles(cluster, count))
         print(
             f"acquire+release cycles/s: raw {rates['raw']:.0f}, tenure {rates['tenure']:.0f}, "
             f"ratio {rates['tenure'] / rates['raw']:.2f} (goal >= 0.8)"
         )
-        samples = asyncio.run(handoffs(cluster, ns.handoffs))
+        samples = run(handoffs(cluster, rounds))
         med = {kind: statistics.median(v) for kind, v in samples.items()}
-        p99 = {kind: sorted(v)[int(0.99 * (len(v) - 1))] for kind, v in samples.items()}
+        p99 = {kind: percentile(v, 0.99) for kind, v in samples.items()}
         print(
             f"hand-off ms, median (p99): raw {med['raw']:.2f} ({p99['raw']:.2f}), "
             f"tenure {med['tenure']:.2f} ({p99['tenure']:.2f}), "
             f"speed ratio raw/tenure {med['raw'] / med['tenure']:.2f} (goal >= 0.8)"
         )
-        if ns.compare:
+        if compare:
             with RedisServer(persistence=True) as redis:
-                rates = asyncio.run(side_by_side(cluster, redis.url, ns.cycles))
+                side = run(side_by_side(cluster, redis.url, count))
             print(
                 "tenure acquire+release cycles/s, side by side: "
-                + ", ".join(f"{name} {rate:.0f}" for name, rate in rates.items())
+                + ", ".join(f"{name} {rate:.0f}" for name, rate in side.items())
                 + " (Redis with appendfsync always; PostgreSQL the shared server)"
             )
+    return [
+        Figure(
+            "etcd",
+            "sequential acquire+release vs raw transactions",
+            rates["tenure"],
+            rates["raw"],
+            "cycles/s",
+            rates["tenure"] / rates["raw"],
+            (">=", 0.8),
+        ),
+        Figure(
+            "etcd",
+            "hand-off median, speed vs a raw watch + transaction",
+            med["tenure"],
+            med["raw"],
+            "ms",
+            med["raw"] / med["tenure"],
+            (">=", 0.8),
+        ),
+    ]
+
+
+def figures(full: bool = False) -> list[Figure]:
+    with stamped("etcd"):
+        return measure(1, *(FULL if full else SHORT))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--members", type=int, default=1, choices=[1, 3])
+    parser.add_argument("--cycles", type=int, default=FULL[0])
+    parser.add_argument("--handoffs", type=int, default=FULL[1])
+    parser.add_argument("--compare", action="store_true", help="also Redis and PostgreSQL")
+    ns = parser.parse_args()
+    with stamped("etcd"):
+        found = measure(ns.members, ns.cycles, ns.handoffs, ns.compare)
+    print_table(found)
 
 
 if __name__ == "__main__":

@@ -24,26 +24,25 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# Run as a script, this directory comes first on sys.path, and benchmarks/redis.py
-# would shadow the redis package.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+if not __package__:  # run as a file: the repository root first (benchmarks/redis.py shadows redis)
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import os  # noqa: E402
-import random  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from collections.abc import Awaitable, Callable  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-import psycopg  # noqa: E402
-import redis.asyncio as aioredis  # noqa: E402
+import psycopg
+import redis.asyncio as aioredis
 
-import tenure  # noqa: E402
+import tenure
+from benchmarks._common import Figure, percentile, print_table, run, stamped
 
 REDIS_URL = os.environ.get("TENURE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get(
@@ -54,6 +53,10 @@ POSTGRES_URL = os.environ.get(
 # value would make it wait the same, possibly unlucky, amount every time).
 PARK = (0.02, 0.12)
 _random = random.Random(1)
+BACKENDS = ("memory", "sqlite", "redis", "postgres")
+# (hand-offs per backend, keys renewed)
+FULL = (100, 10_000)
+SHORT = (30, 2_000)
 
 
 def _park() -> float:
@@ -65,9 +68,11 @@ def _with(url: str, query: str) -> str:
 
 
 def _summary(samples: list[float]) -> str:
-    ms = sorted(s * 1000 for s in samples)
-    p90 = ms[int(0.9 * (len(ms) - 1))]
-    return f"median {statistics.median(ms):8.3f} ms   p90 {p90:8.3f} ms   min {ms[0]:7.3f} ms   (n={len(ms)})"
+    ms = [s * 1000 for s in samples]
+    return (
+        f"median {statistics.median(ms):8.3f} ms   p90 {percentile(ms, 0.9):8.3f} ms   "
+        f"min {min(ms):7.3f} ms   (n={len(ms)})"
+    )
 
 
 async def tenure_handoffs(holder: Any, waiter: Any, n: int) -> tuple[list[float], list[float]]:
@@ -213,6 +218,8 @@ async def run_backend(kind: str, handoffs: int, keys: int, results: dict[str, fl
             print(f"  hand-off  redis-py Lock    {_summary(baseline)}", flush=True)
         batch, single = await renew_comparison(holder, keys)
         results[f"renew-ratio-{kind}"] = single / batch
+        results[f"renew-many-{kind}"] = batch
+        results[f"renew-single-{kind}"] = single
         print(
             f"  renew     {kind:<9} renew_many({keys}) {batch * 1000:9.1f} ms   "
             f"{keys} x renew_lease {single * 1000:9.1f} ms   ratio {single / batch:7.1f}",
@@ -227,32 +234,67 @@ async def run_backend(kind: str, handoffs: int, keys: int, results: dict[str, fl
         tmp.cleanup()
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="memory,sqlite,redis,postgres")
-    parser.add_argument("--handoffs", type=int, default=100)
-    parser.add_argument("--keys", type=int, default=10_000)
-    args = parser.parse_args()
+async def measure(backends: list[str], handoffs: int, keys: int) -> list[Figure]:
     results: dict[str, float] = {}
-    for kind in args.backends.split(","):
+    for kind in backends:
         print(f"{kind}:", flush=True)
-        await run_backend(kind, args.handoffs, args.keys, results)
-    if "handoff-redis" in results and "handoff-redis-py" in results:
-        ours, theirs = results["handoff-redis"], results["handoff-redis-py"]
-        print(
-            f"Redis hand-off: tenure median {ours * 1000:.3f} ms "
-            f"(goal < 2 ms: {'met' if ours < 0.002 else 'NOT met'}), "
-            f"redis-py Lock median {theirs * 1000:.3f} ms, "
-            f"{theirs / ours:.1f}x faster (goal >= 30x: {'met' if theirs / ours >= 30 else 'NOT met'})"
-        )
-    for kind in args.backends.split(","):
-        ratio = results.get(f"renew-ratio-{kind}")
-        if ratio is not None:
-            print(
-                f"renew_many ratio on {kind}: {ratio:.1f} "
-                f"(goal >= 10: {'met' if ratio >= 10 else 'NOT met'})"
+        await run_backend(kind, handoffs, keys, results)
+    found: list[Figure] = []
+    # Goals of the hand-off median (ms); memory has none.
+    goals = {"sqlite": 1.0, "redis": 2.0, "postgres": 2.0}
+    for kind in backends:
+        median = results[f"handoff-{kind}"] * 1000
+        goal = None if kind not in goals else ("<=", goals[kind])
+        found.append(Figure.limit(kind, "hand-off median", median, "ms", goal))
+        if kind == "redis":
+            theirs = results["handoff-redis-py"] * 1000
+            found.append(
+                Figure(
+                    "redis",
+                    "hand-off, times faster than redis-py Lock",
+                    median,
+                    theirs,
+                    "ms",
+                    theirs / median,
+                    (">=", 30.0),
+                )
             )
+    for kind in backends:
+        ratio = results[f"renew-ratio-{kind}"]
+        found.append(
+            Figure(
+                kind,
+                f"renew_many({keys}) vs {keys} x renew_lease",
+                results[f"renew-many-{kind}"] * 1000,
+                results[f"renew-single-{kind}"] * 1000,
+                "ms",
+                ratio,
+                # No round trips to save in memory: the goal does not apply there.
+                None if kind == "memory" else (">=", 10.0),
+                note="ratio: single / batch",
+            )
+        )
+    for figure in found:
+        if figure.met is not None:
+            print(f"{figure.backend} {figure.what}: {'met' if figure.met else 'NOT met'}")
+    return found
+
+
+def figures(full: bool = False) -> list[Figure]:
+    with stamped("handoff"):
+        return run(measure(list(BACKENDS), *(FULL if full else SHORT)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--handoffs", type=int, default=FULL[0])
+    parser.add_argument("--keys", type=int, default=FULL[1])
+    args = parser.parse_args()
+    with stamped("handoff"):
+        found = run(measure(args.backends.split(","), args.handoffs, args.keys))
+    print_table(found)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

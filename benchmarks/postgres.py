@@ -31,12 +31,17 @@ schema of its own, dropped at the end. Goal: tenure >= 0.8 of the raw rate.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a file: import the benchmarks package from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
 import argparse
 import asyncio
 import multiprocessing
 import os
 import random
-import sys
 import time
 import uuid
 from typing import Any
@@ -45,6 +50,14 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from benchmarks._common import (
+    Figure,
+    interleave,
+    percentile,
+    print_table,
+    run,
+    stamped,
+)
 from tenure import Event
 from tenure.backends.postgres import PostgresLeaseProvider, PostgresPubSub
 
@@ -52,6 +65,9 @@ DEFAULT_URL = os.environ.get(
     "TENURE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 TTL_MS = 30_000
+# (sequential cycles, seconds of contention, latency samples, events per throughput round)
+FULL = (2000, 10.0, 500, 4000)
+SHORT = (500, 3.0, 100, 1000)
 
 RAW_TABLE = """
 CREATE TABLE IF NOT EXISTS {table} (
@@ -137,27 +153,28 @@ async def sequential(url: str, schema: str, cycles: int) -> dict[str, float]:
     tenure take turns every few cycles and see the same conditions.
     """
     clients = {kind: make(kind, url, schema) for kind in ("raw", "tenure")}
-    spent = dict.fromkeys(clients, 0.0)
-    done = dict.fromkeys(clients, 0)
     for client in clients.values():
         await client.open()
+
+    def block(kind: str) -> Any:
+        async def cycles() -> tuple[float, float]:
+            client = clients[kind]
+            start = time.perf_counter()
+            for i in range(BLOCK):
+                key = f"{kind}-seq-{i}"
+                assert await client.acquire(key, "owner")
+                await client.release(key, "owner")
+            return BLOCK, time.perf_counter() - start
+
+        return cycles
+
     try:
         for kind, client in clients.items():  # warm-up: connections, prepared statements
             for i in range(20):
                 await client.acquire(f"{kind}-seq-{i}", "w")
                 await client.release(f"{kind}-seq-{i}", "w")
-        for block in range(cycles // BLOCK):
-            order = ("raw", "tenure") if block % 2 == 0 else ("tenure", "raw")
-            for kind in order:
-                client = clients[kind]
-                start = time.perf_counter()
-                for i in range(BLOCK):
-                    key = f"{kind}-seq-{i}"
-                    assert await client.acquire(key, "owner")
-                    await client.release(key, "owner")
-                spent[kind] += time.perf_counter() - start
-                done[kind] += BLOCK
-        return {kind: done[kind] / spent[kind] for kind in clients}
+        result = await interleave({kind: block(kind) for kind in clients}, cycles // BLOCK)
+        return {kind: result.rate(kind) for kind in clients}
     finally:
         for client in clients.values():
             await client.close()
@@ -188,7 +205,7 @@ def contender(url: str, schema: str, seconds: float, seed: int, start_at: float)
                 await client.close()
         return {kind: (c[0], c[1]) for kind, c in counts.items()}
 
-    return asyncio.run(main())
+    return run(main())
 
 
 def contention(url: str, schema: str, seconds: float, processes: int = 4) -> dict[str, float]:
@@ -221,11 +238,6 @@ DELETE FROM {table} WHERE id IN (
     SELECT id FROM {table} ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED
 ) RETURNING body
 """
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def latency(url: str, schema: str, rounds: int) -> dict[str, tuple[float, float]]:
@@ -266,7 +278,7 @@ async def latency(url: str, schema: str, rounds: int) -> dict[str, tuple[float, 
         await subscriber.aclose()
         await sender.close()
         await listener.close()
-    return {k: (_pct(v, 0.5) * 1000, _pct(v, 0.99) * 1000) for k, v in samples.items()}
+    return {k: (percentile(v, 0.5) * 1000, percentile(v, 0.99) * 1000) for k, v in samples.items()}
 
 
 async def _raw_throughput(url: str, schema: str, events: int, senders: int) -> float:
@@ -342,22 +354,17 @@ async def throughput(url: str, schema: str, events: int, rounds: int = 3) -> dic
     return best
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default=DEFAULT_URL)
-    parser.add_argument("--cycles", type=int, default=2000)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--rounds", type=int, default=500, help="latency samples of each kind")
-    parser.add_argument("--events", type=int, default=4000, help="events per throughput round")
-    parser.add_argument("--only", choices=["leases", "events"], default=None)
-    args = parser.parse_args()
+def measure(
+    url: str, cycles: int, seconds: float, rounds: int, events: int, only: str | None = None
+) -> list[Figure]:
+    found: list[Figure] = []
     schema = f"tenure_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(args.url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     try:
-        if args.only != "leases":
-            print(f"publish -> handler latency, {args.rounds} samples of each kind", flush=True)
-            lat = asyncio.run(latency(args.url, schema, args.rounds))
+        if only != "leases":
+            print(f"publish -> handler latency, {rounds} samples of each kind", flush=True)
+            lat = run(latency(url, schema, rounds))
             for kind in ("raw", "tenure"):
                 p50, p99 = lat[kind]
                 print(f"  {kind:6s}: p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
@@ -366,33 +373,90 @@ def main() -> int:
                 f"p99 {lat['tenure'][1] / lat['raw'][1]:.2f}",
                 flush=True,
             )
-            print(f"events through one group: {args.events} per round, 8 senders", flush=True)
-            thr = asyncio.run(throughput(args.url, schema, args.events))
+            print(f"events through one group: {events} per round, 8 senders", flush=True)
+            thr = run(throughput(url, schema, events))
             for kind in ("raw", "tenure"):
                 print(f"  {kind:6s}: {thr[kind]:8.0f} events/s")
             print(f"  ratio tenure/raw: {thr['tenure'] / thr['raw']:.3f}", flush=True)
-            if args.only == "events":
-                return 0
+            found += [
+                Figure(
+                    "postgres",
+                    "publish -> handler p50 vs INSERT+NOTIFY -> LISTEN",
+                    lat["tenure"][0],
+                    lat["raw"][0],
+                    "ms",
+                    lat["tenure"][0] / lat["raw"][0],
+                ),
+                Figure(
+                    "postgres",
+                    "events through one group vs raw SKIP LOCKED drain",
+                    thr["tenure"],
+                    thr["raw"],
+                    "events/s",
+                    thr["tenure"] / thr["raw"],
+                ),
+            ]
+            if only == "events":
+                return found
         print(
-            f"sequential acquire+release cycles: {args.cycles} of each kind, alternating "
+            f"sequential acquire+release cycles: {cycles} of each kind, alternating "
             f"in blocks of {BLOCK}",
             flush=True,
         )
-        seq = asyncio.run(sequential(args.url, schema, args.cycles))
+        seq = run(sequential(url, schema, cycles))
         for kind in ("raw", "tenure"):
             print(f"  {kind:6s}: {seq[kind]:8.0f} cycles/s")
         print(f"  ratio tenure/raw: {seq['tenure'] / seq['raw']:.3f}", flush=True)
-
         print(
-            f"4 processes contending on 100 keys for {args.seconds:.0f} s, raw and tenure "
+            f"4 processes contending on 100 keys for {seconds:g} s, raw and tenure "
             f"alternating every {SLICE} s",
             flush=True,
         )
-        con = contention(args.url, schema, args.seconds)
+        con = contention(url, schema, seconds)
         print(f"  ratio tenure/raw: {con['tenure'] / con['raw']:.3f}")
+        found += [
+            Figure(
+                "postgres",
+                "sequential acquire+release vs raw statements",
+                seq["tenure"],
+                seq["raw"],
+                "cycles/s",
+                seq["tenure"] / seq["raw"],
+                (">=", 0.8),
+            ),
+            Figure(
+                "postgres",
+                "4 processes on the same 100 keys vs raw",
+                con["tenure"],
+                con["raw"],
+                "ops/s",
+                con["tenure"] / con["raw"],
+                (">=", 0.9),
+            ),
+        ]
     finally:
-        with psycopg.connect(args.url, autocommit=True) as conn:
+        with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    return found
+
+
+def figures(full: bool = False) -> list[Figure]:
+    with stamped("postgres"):
+        return measure(DEFAULT_URL, *(FULL if full else SHORT))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=DEFAULT_URL)
+    parser.add_argument("--cycles", type=int, default=FULL[0])
+    parser.add_argument("--seconds", type=float, default=FULL[1])
+    parser.add_argument("--rounds", type=int, default=FULL[2], help="latency samples of each kind")
+    parser.add_argument("--events", type=int, default=FULL[3], help="events per throughput round")
+    parser.add_argument("--only", choices=["leases", "events"], default=None)
+    args = parser.parse_args()
+    with stamped("postgres"):
+        found = measure(args.url, args.cycles, args.seconds, args.rounds, args.events, args.only)
+    print_table(found)
     return 0
 
 

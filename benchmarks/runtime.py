@@ -26,28 +26,30 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# Run as a script, this directory comes first on sys.path, and benchmarks/redis.py
-# would shadow the redis package.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+if not __package__:  # run as a file: the repository root first (benchmarks/redis.py shadows redis)
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import importlib  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from typing import Any
 
-import tenure  # noqa: E402
-from tenure import Event, ThreadRun, ThreadRuntime  # noqa: E402
+import tenure
+from benchmarks._common import Figure, print_table, run, stamped, summary_ms
+from tenure import Event, ThreadRun, ThreadRuntime
 
 REDIS_URL = os.environ.get("TENURE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 THREAD = "bench-thread"
 TOPIC = "bench-raw"
+# (latency samples, signals in the throughput burst)
+FULL = (300, 2000)
+SHORT = (100, 500)
 
 
 def say(**doc: Any) -> None:
@@ -63,10 +65,10 @@ async def child(url: str) -> None:
         async for signal in run.signals():
             now = time.monotonic()
             if signal.payload != "warm-up":
-                say(kind="runtime", i=signal.payload["i"], recv=now)
+                say(kind="runtime", i=signal.payload["i"], recv=now, cpu=time.process_time())
 
     async def on_raw(event: Event) -> None:
-        say(kind="raw", i=event.data["i"], recv=time.monotonic())
+        say(kind="raw", i=event.data["i"], recv=time.monotonic(), cpu=time.process_time())
 
     async with tenure.events_of(tenure.from_url(url)) as backend:
         await backend.subscribe(TOPIC, on_raw, group="bench")
@@ -86,6 +88,8 @@ class Child:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.recv: dict[tuple[str, int], float] = {}
+        # The receiving process's CPU time when it took each one.
+        self.cpu: dict[tuple[str, int], float] = {}
         self.ready = asyncio.Event()
         self.arrived = asyncio.Event()
         self.reader = asyncio.ensure_future(self._read())
@@ -98,6 +102,7 @@ class Child:
                 self.ready.set()
             else:
                 self.recv[(doc["kind"], doc["i"])] = doc["recv"]
+                self.cpu[(doc["kind"], doc["i"])] = doc["cpu"]
                 self.arrived.set()
 
     async def wait_for(self, kind: str, i: int, timeout: float = 30.0) -> float:
@@ -107,6 +112,11 @@ class Child:
                 await self.arrived.wait()
         return self.recv[(kind, i)]
 
+    def cpu_each(self, kind: str, first: int, count: int) -> float:
+        """Microseconds of the receiver's CPU per event from the first to the last of a burst."""
+        spent = self.cpu[(kind, first + count - 1)] - self.cpu[(kind, first)]
+        return spent / (count - 1) * 1e6
+
     async def stop(self) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(b"\n")
@@ -115,19 +125,7 @@ class Child:
         await self.reader
 
 
-def summary(ms: list[float]) -> str:
-    ms = sorted(ms)
-
-    def p(q: float) -> float:
-        return ms[min(len(ms) - 1, int(q * len(ms)))]
-
-    return (
-        f"median {statistics.median(ms):7.3f} ms  p90 {p(0.9):7.3f} ms  "
-        f"p99 {p(0.99):7.3f} ms  (n={len(ms)})"
-    )
-
-
-async def bench(name: str, url: str, count: int, burst: int, gap: float) -> None:
+async def bench(name: str, url: str, count: int, burst: int, gap: float) -> list[Figure]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         __file__,
@@ -165,60 +163,80 @@ async def bench(name: str, url: str, count: int, burst: int, gap: float) -> None
                 await asyncio.sleep(gap)
 
             # 2. throughput through one thread.
+            # The sending alone is timed too: it tells whether the sender or the
+            # receiving process is what limits the rate.
+            # So is the sender's CPU time per send, which a loaded machine disturbs less.
             base = 1_000_000
-            start = time.monotonic()
+            start, cpu = time.monotonic(), time.process_time()
             for i in range(base, base + burst):
                 await backend.publish(TOPIC, Event("bench", {"i": i}))
+            raw_send = burst / (time.monotonic() - start)
+            raw_cpu = (time.process_time() - cpu) / burst * 1e6
             raw_rate = burst / (await kid.wait_for("raw", base + burst - 1, 120) - start)
+            raw_rcpu = kid.cpu_each("raw", base, burst)
             base = 2_000_000
-            start = time.monotonic()
+            start, cpu = time.monotonic(), time.process_time()
             for i in range(base, base + burst):
                 await rt.send_signal(THREAD, {"i": i})
+            rt_send = burst / (time.monotonic() - start)
+            rt_cpu = (time.process_time() - cpu) / burst * 1e6
             rt_rate = burst / (await kid.wait_for("runtime", base + burst - 1, 120) - start)
+            rt_rcpu = kid.cpu_each("runtime", base, burst)
     finally:
         await kid.stop()
 
     ratio = statistics.median(runtime) / statistics.median(raw)
     print(f"[{name}] latency, send in one process -> handler in the owning process")
-    print(f"  raw publish -> group subscriber : {summary(raw)}")
-    print(f"  runtime send_signal -> handler  : {summary(runtime)}")
+    print(f"  raw publish -> group subscriber : {summary_ms(raw)}")
+    print(f"  runtime send_signal -> handler  : {summary_ms(runtime)}")
     verdict = "meets" if ratio <= 1.5 else "MISSES"
     print(f"  ratio of medians runtime/raw    : {ratio:.2f}  ({verdict} the 1.5x goal)")
     print(f"[{name}] throughput through one thread ({burst} back to back)")
-    print(f"  raw publish -> group subscriber : {raw_rate:9.0f} events/s")
     print(
-        f"  runtime send_signal -> handler  : {rt_rate:9.0f} signals/s  ({rt_rate / raw_rate:.2f}x raw)"
+        f"  raw publish -> group subscriber : {raw_rate:9.0f} events/s  "
+        f"(sending alone {raw_send:.0f}/s; CPU each: sender {raw_cpu:.0f} us, receiver {raw_rcpu:.0f} us)"
     )
+    print(
+        f"  runtime send_signal -> handler  : {rt_rate:9.0f} signals/s  ({rt_rate / raw_rate:.2f}x raw; "
+        f"sending alone {rt_send:.0f}/s; CPU each: sender {rt_cpu:.0f} us, receiver {rt_rcpu:.0f} us)"
+    )
+    return [
+        Figure(
+            name,
+            "runtime: signal latency median vs raw publish -> subscriber",
+            statistics.median(runtime),
+            statistics.median(raw),
+            "ms",
+            ratio,
+            ("<=", 1.5),
+        ),
+        Figure(
+            name,
+            "runtime: throughput through one thread vs raw pub/sub",
+            rt_rate,
+            raw_rate,
+            "/s",
+            rt_rate / raw_rate,
+            (">=", 0.8),
+        ),
+    ]
 
 
 async def _never_runs(run: ThreadRun) -> None:
     raise AssertionError(f"the parent must never run the thread, got {run!r}")
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["sqlite", "redis", "all"], default="all")
-    parser.add_argument("--count", type=int, default=300, help="latency samples per path")
-    parser.add_argument("--burst", type=int, default=2000, help="signals in the throughput run")
-    parser.add_argument("--gap", type=float, default=0.002, help="seconds between samples")
-    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        await child(args.child)
-        return
-    print(
-        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, count={args.count}, burst={args.burst}"
-    )
-    if args.backend in ("sqlite", "all"):
+async def measure(backends: list[str], count: int, burst: int, gap: float) -> list[Figure]:
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, count={count}, burst={burst}")
+    found: list[Figure] = []
+    if "sqlite" in backends:
         with tempfile.TemporaryDirectory() as tmp:
-            await bench("sqlite", f"sqlite:///{tmp}/bench.db", args.count, args.burst, args.gap)
-    if args.backend in ("redis", "all"):
+            found += await bench("sqlite", f"sqlite:///{tmp}/bench.db", count, burst, gap)
+    if "redis" in backends:
         prefix = f"tenure-bench-{uuid.uuid4().hex[:8]}:"
         sep = "&" if "?" in REDIS_URL else "?"
         try:
-            await bench(
-                "redis", f"{REDIS_URL}{sep}prefix={prefix}", args.count, args.burst, args.gap
-            )
+            found += await bench("redis", f"{REDIS_URL}{sep}prefix={prefix}", count, burst, gap)
         finally:
             # Imported by name: benchmarks/redis.py shadows the package for mypy.
             redis_sync: Any = importlib.import_module("redis")
@@ -227,7 +245,30 @@ async def main() -> None:
             if keys:
                 client.delete(*keys)
             client.close()
+    return found
+
+
+def figures(full: bool = False) -> list[Figure]:
+    with stamped("runtime"):
+        return run(measure(["sqlite", "redis"], *(FULL if full else SHORT), 0.002))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["sqlite", "redis", "all"], default="all")
+    parser.add_argument("--count", type=int, default=FULL[0], help="latency samples per path")
+    parser.add_argument("--burst", type=int, default=FULL[1], help="signals in the throughput run")
+    parser.add_argument("--gap", type=float, default=0.002, help="seconds between samples")
+    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        run(child(args.child))
+        return
+    backends = ["sqlite", "redis"] if args.backend == "all" else [args.backend]
+    with stamped("runtime"):
+        found = run(measure(backends, args.count, args.burst, args.gap))
+    print_table(found)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -23,6 +23,12 @@ Usage: ``python benchmarks/sqlite.py [--cycles N] [--seconds S] [--baseline REF]
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a file: import the benchmarks package from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
 import argparse
 import asyncio
 import json
@@ -32,18 +38,27 @@ import random
 import sqlite3
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from benchmarks._common import (
+    Figure,
+    interleave,
+    percentile,
+    print_table,
+    run,
+    stamped,
+)
 from tenure import Event
 from tenure.backends.sqlite import SqlitePubSub
 
 TTL_MS = 30_000
+# (cycles per sequential run, rounds, seconds of contention, wake-up slices, idle seconds)
+FULL = (1000, 15, 5.0, 6, 10.0)
+SHORT = (300, 6, 1.5, 2, 3.0)
 
 
 class RawLeases:
@@ -134,7 +149,7 @@ def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) ->
             fut.set_exception(exc)
 
 
-async def sequential(path: str, cycles: int, rounds: int) -> None:
+async def sequential(path: str, cycles: int, rounds: int) -> list[Figure]:
     async with SqlitePubSub(path) as backend:
         await backend.get_lease_owner("warm-up")  # creates the schema
         raw = RawLeases(path)
@@ -142,50 +157,41 @@ async def sequential(path: str, cycles: int, rounds: int) -> None:
         keys = [f"seq-{i}" for i in range(100)]
         bkeys = [k.encode() for k in keys]
 
-        async def run_tenure() -> float:
+        async def run_tenure() -> tuple[float, float]:
             start = time.perf_counter()
             for i in range(cycles):
                 key = keys[i % 100]
                 await backend.acquire_lease(key, "bench", TTL_MS)
                 await backend.release_lease(key, "bench")
-            return cycles / (time.perf_counter() - start)
+            return cycles, time.perf_counter() - start
 
-        async def run_raw() -> float:
+        async def run_raw() -> tuple[float, float]:
             start = time.perf_counter()
             for i in range(cycles):
                 key = bkeys[i % 100]
                 await runner.run(raw.acquire, key, b"bench", TTL_MS)
                 await runner.run(raw.release, key, b"bench")
-            return cycles / (time.perf_counter() - start)
+            return cycles, time.perf_counter() - start
 
-        async def run_raw_inline() -> float:
+        async def run_raw_inline() -> tuple[float, float]:
             start = time.perf_counter()
             for i in range(cycles):
                 key = bkeys[i % 100]
                 raw.acquire(key, b"bench", TTL_MS)
                 raw.release(key, b"bench")
-            return cycles / (time.perf_counter() - start)
+            return cycles, time.perf_counter() - start
 
-        rates: dict[str, list[float]] = {"tenure": [], "raw": [], "raw-inline": []}
-        ratios: list[float] = []
         await run_tenure()
         await run_raw()  # warm-up of both paths
         # Short runs in alternating order, so that load from other work on the
-        # machine hits both alike; the ratio is taken within each pair.
-        for i in range(rounds):
-            if i % 2:
-                raw_rate = await run_raw()
-                tenure_rate = await run_tenure()
-            else:
-                tenure_rate = await run_tenure()
-                raw_rate = await run_raw()
-            rates["tenure"].append(tenure_rate)
-            rates["raw"].append(raw_rate)
-            ratios.append(tenure_rate / raw_rate)
-            rates["raw-inline"].append(run_raw_inline_sync(raw, bkeys, cycles))
+        # machine hits both alike; the ratio is taken within each round.
+        result = await interleave(
+            {"tenure": run_tenure, "raw": run_raw, "raw-inline": run_raw_inline}, rounds
+        )
         runner.stop()
         raw.conn.close()
-    med = {name: statistics.median(v) for name, v in rates.items()}
+    med = {name: statistics.median(v) for name, v in result.rounds.items()}
+    ratios = result.ratios("tenure", "raw")
     print(f"sequential acquire+release cycles ({rounds} pairs of runs of {cycles} cycles, median):")
     print(f"  tenure SqlitePubSub         {med['tenure']:9.0f} cycles/s")
     print(f"  raw sqlite3, on a thread    {med['raw']:9.0f} cycles/s   (baseline)")
@@ -194,15 +200,17 @@ async def sequential(path: str, cycles: int, rounds: int) -> None:
         f"  ratio tenure / baseline     {statistics.median(ratios):9.2f}   "
         f"(median of per-pair ratios; goal >= 0.80; pairs min {min(ratios):.2f} max {max(ratios):.2f})"
     )
-
-
-def run_raw_inline_sync(raw: RawLeases, bkeys: list[bytes], cycles: int) -> float:
-    start = time.perf_counter()
-    for i in range(cycles):
-        key = bkeys[i % 100]
-        raw.acquire(key, b"bench", TTL_MS)
-        raw.release(key, b"bench")
-    return cycles / (time.perf_counter() - start)
+    return [
+        Figure(
+            "sqlite",
+            "sequential acquire+release vs raw sqlite3 on a thread",
+            med["tenure"],
+            med["raw"],
+            "cycles/s",
+            statistics.median(ratios),
+            (">=", 0.8),
+        )
+    ]
 
 
 # -- four contending processes -------------------------------------------------------------
@@ -248,7 +256,7 @@ async def contend_worker(kind: str, path: str, owner: str, seconds: float, go: s
                 ops += 1
         runner.stop()
         raw.conn.close()
-    print(json.dumps({"ops": ops, "wins": wins}))
+    print(json.dumps({"ops": ops, "wins": wins}), flush=True)
 
 
 def contend(path: str, kind: str, seconds: float) -> tuple[float, int]:
@@ -449,14 +457,9 @@ def idle_cpu(trees: dict[str, str | None], tmp: str, seconds: float) -> dict[str
             proc.wait()
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def wake_comparison(
     trees: dict[str, str | None], tmp: str, slices: int, events: int, handoffs: int, idle: float
-) -> None:
+) -> list[Figure]:
     load_before = os.getloadavg()[0]
     delivery: dict[str, list[float]] = {label: [] for label in trees}
     handoff: dict[str, list[float]] = {label: [] for label in trees}
@@ -481,8 +484,8 @@ def wake_comparison(
         d = [x * 1000 for x in delivery[label]]
         h = [x * 1000 for x in handoff[label]]
         print(
-            f"  {label:10s} {statistics.median(d):9.2f} ms {_pct(d, 0.99):5.1f} ms "
-            f"{statistics.median(h):13.2f} ms {_pct(h, 0.9):5.1f} ms {cpu[label] * 100:8.2f}%"
+            f"  {label:10s} {statistics.median(d):9.2f} ms {percentile(d, 0.99):5.1f} ms "
+            f"{statistics.median(h):13.2f} ms {percentile(h, 0.9):5.1f} ms {cpu[label] * 100:8.2f}%"
         )
     print("  goals: delivery p50 < 1 ms, p99 < 5 ms; hand-off median < 1 ms; idle < 0.2% of a core")
     print(f"  load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
@@ -493,12 +496,77 @@ def wake_comparison(
         print(
             f"  {new} is {ratio:.1f}x faster in delivery p50 and {hratio:.1f}x in hand-off than {old}"
         )
+    # The summary's figures: this tree's, against the goals (absolute, no baseline).
+    d = [x * 1000 for x in delivery["this tree"]]
+    h = [x * 1000 for x in handoff["this tree"]]
+    return [
+        Figure.limit(
+            "sqlite", "cross-process delivery p50", statistics.median(d), "ms", ("<=", 1.0)
+        ),
+        Figure.limit(
+            "sqlite", "cross-process delivery p99", percentile(d, 0.99), "ms", ("<=", 5.0)
+        ),
+        Figure.limit("sqlite", "hand-off median", statistics.median(h), "ms", ("<=", 1.0)),
+        Figure.limit(
+            "sqlite", "idle subscriber, % of one core", cpu["this tree"] * 100, "%", ("<=", 0.2)
+        ),
+    ]
+
+
+def measure(
+    cycles: int,
+    rounds: int,
+    seconds: float,
+    slices: int,
+    idle: float,
+    baseline: str = "",
+    wake_only: bool = False,
+) -> list[Figure]:
+    print(
+        f"sqlite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
+    )
+    found: list[Figure] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        trees: dict[str, str | None] = {}
+        if baseline:
+            trees[baseline] = baseline_src(baseline, tmp)
+        trees["this tree"] = None
+        if not wake_only:
+            path = str(Path(tmp) / "bench.db")
+            found += run(sequential(path, cycles, rounds))
+            print(f"four processes contending on the same 100 keys, {seconds:g} s each:")
+            rates = {}
+            for kind in ("tenure", "raw"):
+                rate, wins = contend(path, kind, seconds)
+                rates[kind] = rate
+                label = "tenure SqlitePubSub" if kind == "tenure" else "raw sqlite3, on a thread"
+                print(f"  {label:26s}  {rate:9.0f} lease ops/s  ({wins} grants)")
+            print(f"  ratio tenure / baseline     {rates['tenure'] / rates['raw']:9.2f}")
+            found.append(
+                Figure(
+                    "sqlite",
+                    "4 processes on the same 100 keys vs raw",
+                    rates["tenure"],
+                    rates["raw"],
+                    "ops/s",
+                    rates["tenure"] / rates["raw"],
+                    (">=", 0.8),
+                )
+            )
+            run(batch_renew(path))
+        found += wake_comparison(trees, tmp, slices, 40, 15, idle)
+    return found
+
+
+def figures(full: bool = False) -> list[Figure]:
+    with stamped("sqlite"):
+        return measure(*(FULL if full else SHORT))
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         kind, path, owner, seconds, go = sys.argv[2:7]
-        asyncio.run(contend_worker(kind, path, owner, float(seconds), go))
+        run(contend_worker(kind, path, owner, float(seconds), go))
         return
     roles: dict[str, Callable[..., Any]] = {
         "--publisher": lambda path, n: publisher_worker(path, int(n)),
@@ -508,44 +576,32 @@ def main() -> None:
         "--idle": idle_role,
     }
     if len(sys.argv) > 1 and sys.argv[1] in roles:
-        asyncio.run(roles[sys.argv[1]](*sys.argv[2:]))
+        run(roles[sys.argv[1]](*sys.argv[2:]))
         return
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--cycles", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--cycles", type=int, default=FULL[0])
+    parser.add_argument("--rounds", type=int, default=FULL[1])
+    parser.add_argument("--seconds", type=float, default=FULL[2])
     parser.add_argument(
         "--baseline",
         default="main",
         help="git ref the wake-up figures are compared with ('' for none)",
     )
     parser.add_argument("--wake-only", action="store_true", help="only the wake-up comparison")
-    parser.add_argument("--slices", type=int, default=6)
-    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--slices", type=int, default=FULL[3])
+    parser.add_argument("--idle-seconds", type=float, default=FULL[4])
     args = parser.parse_args()
-    print(
-        f"sqlite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        trees: dict[str, str | None] = {}
-        if args.baseline:
-            trees[args.baseline] = baseline_src(args.baseline, tmp)
-        trees["this tree"] = None
-        if args.wake_only:
-            wake_comparison(trees, tmp, args.slices, 40, 15, args.idle_seconds)
-            return
-        path = str(Path(tmp) / "bench.db")
-        asyncio.run(sequential(path, args.cycles, args.rounds))
-        print(f"four processes contending on the same 100 keys, {args.seconds:.0f} s each:")
-        rates = {}
-        for kind in ("tenure", "raw"):
-            rate, wins = contend(path, kind, args.seconds)
-            rates[kind] = rate
-            label = "tenure SqlitePubSub" if kind == "tenure" else "raw sqlite3, on a thread"
-            print(f"  {label:26s}  {rate:9.0f} lease ops/s  ({wins} grants)")
-        print(f"  ratio tenure / baseline     {rates['tenure'] / rates['raw']:9.2f}")
-        asyncio.run(batch_renew(path))
-        wake_comparison(trees, tmp, args.slices, 40, 15, args.idle_seconds)
+    with stamped("sqlite"):
+        found = measure(
+            args.cycles,
+            args.rounds,
+            args.seconds,
+            args.slices,
+            args.idle_seconds,
+            args.baseline,
+            args.wake_only,
+        )
+    print_table(found)
 
 
 if __name__ == "__main__":

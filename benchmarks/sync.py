@@ -23,27 +23,28 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# Run as a script, this file's directory comes first on sys.path; keep the
-# repository root there instead (benchmarks/redis.py would shadow redis).
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+if not __package__:  # run as a file: the repository root first (benchmarks/redis.py shadows redis)
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from collections.abc import Awaitable, Callable  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-import redis  # noqa: E402
-import tenure  # noqa: E402
-import tenure.sync  # noqa: E402
+import redis
+import tenure
+import tenure.sync
+from benchmarks._common import Figure, print_table, run, stamped
 
 THREADS = 8
 TTL_MS = 30_000
+# (seconds per case, rounds)
+FULL = (2.0, 3)
+SHORT = (0.5, 2)
 
 
 def per_op_sync(fn: Callable[[], Any], seconds: float) -> tuple[float, float]:
@@ -115,7 +116,7 @@ def overhead(url: str, options: dict[str, Any], seconds: float, rounds: int) -> 
                 return await per_op_async(read, seconds), await per_op_async(cycle, seconds)
 
         for _ in range(rounds):
-            read_async, cycle_async = asyncio.run(run_async())
+            read_async, cycle_async = run(run_async())
             add("read async", read_async)
             add("cycle async", cycle_async)
             add("read sync", per_op_sync(lambda: backend.get_lease_owner("bench-read"), seconds))
@@ -174,20 +175,16 @@ def contention(redis_url: str, prefix: str, seconds: float) -> dict[str, tuple[f
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
-    args = parser.parse_args()
+def measure(seconds: float, rounds: int, redis_url: str) -> list[Figure]:
+    found: list[Figure] = []
     prefix = f"tenure-bench-sync-{uuid.uuid4().hex[:8]}:"
     try:
         for name, url, options in (
             ("memory", "memory://", {}),
-            ("redis", args.redis, {"prefix": prefix, "quarantine": False}),
+            ("redis", redis_url, {"prefix": prefix, "quarantine": False}),
         ):
-            result = overhead(url, options, args.seconds, args.rounds)
-            print(f"{name}: per operation, mean of {args.rounds} rounds (wall time; CPU time)")
+            result = overhead(url, options, seconds, rounds)
+            print(f"{name}: per operation, mean of {rounds} rounds (wall time; CPU time)")
             for what in ("read", "cycle"):
                 calls = 2 if what == "cycle" else 1
                 a, s = result[f"{what} async"], result[f"{what} sync"]
@@ -196,22 +193,62 @@ def main() -> None:
                     f"  {what:5}  async {a * 1e6:7.1f} us   sync {s * 1e6:7.1f} us   added per call:"
                     f" {(s - a) * 1e6 / calls:6.1f} us wall, {(sc - ac) * 1e6 / calls:6.1f} us CPU"
                 )
+            a, s = result["cycle async"], result["cycle sync"]
+            found.append(
+                Figure(
+                    name,
+                    "tenure.sync acquire+release vs the same awaited (time per cycle)",
+                    s * 1e6,
+                    a * 1e6,
+                    "us",
+                    s / a,
+                )
+            )
             floor, floor_cpu = result["hand-off floor"], result["hand-off floor cpu"]
             print(
                 f"  bare thread hand-off floor {floor * 1e6:.1f} us wall, {floor_cpu * 1e6:.1f} us CPU"
             )
         print(
             f"{THREADS} threads contending on one Redis key: critical sections per second, "
-            f"and the fewest / most one thread completed in a {args.seconds:g} s run"
+            f"and the fewest / most one thread completed in a {seconds:g} s run"
         )
-        for name, (rate, low, high) in contention(args.redis, prefix, args.seconds).items():
+        rates = contention(redis_url, prefix, seconds)
+        for name, (rate, low, high) in rates.items():
             print(f"  {name:28} {rate:8.0f}/s   per thread {low}-{high}")
+        ours, theirs = rates["tenure.sync.hold"][0], rates["redis-py Lock (sleep=0.001)"][0]
+        found.append(
+            Figure(
+                "redis",
+                f"{THREADS} threads on one key, tenure.sync.hold vs redis-py Lock (sleep=0.001)",
+                ours,
+                theirs,
+                "/s",
+                ours / theirs,
+            )
+        )
     finally:
-        client = redis.Redis.from_url(args.redis)
+        client = redis.Redis.from_url(redis_url)
         keys = list(client.scan_iter(match=prefix.replace(":", "\\:") + "*"))
         if keys:
             client.delete(*keys)
         client.close()
+    return found
+
+
+def figures(full: bool = False) -> list[Figure]:
+    with stamped("sync"):
+        return measure(*(FULL if full else SHORT), "redis://127.0.0.1:6379/0")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=FULL[0])
+    parser.add_argument("--rounds", type=int, default=FULL[1])
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    args = parser.parse_args()
+    with stamped("sync"):
+        found = measure(args.seconds, args.rounds, args.redis)
+    print_table(found)
 
 
 if __name__ == "__main__":

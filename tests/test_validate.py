@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tenure import InvalidArgument
+from tenure import InvalidArgument, MemoryPubSub
 from tenure._validate import (
+    KNOWN_NAMES,
     MAX_TTL_MS,
     check_count,
     check_keys,
@@ -130,3 +131,43 @@ def test_counts_prefixes_and_key_lists() -> None:
 def test_good_timeouts() -> None:
     assert check_timeout(0) == 0.0
     assert check_timeout(2.5) == 2.5
+
+
+class _PosesAsName:
+    """Equal to, and hashed like, a valid name without being a ``str``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+@pytest.mark.asyncio
+async def test_names_seen_before_are_still_checked_for_their_type() -> None:
+    # The hot path looks a key or owner up among the names found valid before
+    # (KNOWN_NAMES); something merely equal to one must still be refused.
+    async with MemoryPubSub() as backend:
+        assert (await backend.acquire_lease("seen", "owner", 1000)).acquired
+        assert "seen" in KNOWN_NAMES and "owner" in KNOWN_NAMES
+        for bad in (_PosesAsName("seen"), b"seen"):
+            with pytest.raises(InvalidArgument, match="key must be a str"):
+                await backend.acquire_lease(bad, "owner", 1000)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgument, match="key must be a str"):
+                await backend.release_lease(bad, "owner")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="owner must be a str"):
+            await backend.renew_lease("seen", _PosesAsName("owner"), 1000)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="ttl_ms must be an int"):
+            await backend.acquire_lease("seen", "owner", True)
+
+
+@pytest.mark.asyncio
+async def test_the_known_names_stay_bounded() -> None:
+    async with MemoryPubSub() as backend:
+        for i in range(3000):
+            await backend.renew_lease(f"name-{i}", "owner", 1000)
+    assert 0 < len(KNOWN_NAMES) <= 1024
+    assert "name-2999" in KNOWN_NAMES

@@ -12,6 +12,7 @@ from typing import Any
 from ._errors import InvalidArgument
 
 __all__ = [
+    "KNOWN_NAMES",
     "MAX_NAME_BYTES",
     "MAX_TTL_MS",
     "check_count",
@@ -20,10 +21,18 @@ __all__ = [
     "check_prefix",
     "check_timeout",
     "check_ttl",
+    "remember_names",
 ]
 
 MAX_NAME_BYTES = 1024
 MAX_TTL_MS = 2**31 - 1
+
+#: Keys and owners (``str`` exactly) already found valid, so that the lease
+#: calls (``LeaseCore._args``) check one seen before with a set lookup instead
+#: of its type, encoding and length (see :func:`remember_names`). Cleared when
+#: full, so it holds at most ``_KNOWN_MAX`` names of at most 1024 bytes each.
+KNOWN_NAMES: set[str] = set()
+_KNOWN_MAX = 1024
 
 
 def check_name(value: Any, arg: str) -> str:
@@ -48,6 +57,16 @@ def check_name(value: Any, arg: str) -> str:
     if size > MAX_NAME_BYTES:
         raise InvalidArgument(f"{arg} must be at most {MAX_NAME_BYTES} bytes in UTF-8, got {size}")
     return value
+
+
+def remember_names(*names: str) -> None:
+    """Add ``names``, just passed by :func:`check_name`, to :data:`KNOWN_NAMES`.
+
+    Only exact ``str``: a subclass could compare equal to a valid name without being one.
+    """
+    if len(KNOWN_NAMES) >= _KNOWN_MAX:
+        KNOWN_NAMES.clear()
+    KNOWN_NAMES.update(name for name in names if type(name) is str)
 
 
 def check_ttl(value: Any, arg: str = "ttl_ms") -> int:

@@ -16,7 +16,10 @@ __all__ = ["KeyWaiters"]
 
 class KeyWaiters:
     def __init__(self) -> None:
-        self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
+        #: The waiters of each key, longest-waiting first; empty when nobody
+        #: waits, which is what a release checks (a dict's truth costs no call).
+        self.queues: dict[str, deque[asyncio.Future[None]]] = {}
+        self._waiters = self.queues
         # Waiters in :meth:`wait`, by key: they have looked and now sleep.
         self._parked: dict[str, int] = {}
 
@@ -24,7 +27,6 @@ class KeyWaiters:
         return sum(len(q) for q in self._waiters.values())
 
     def __bool__(self) -> bool:
-        # Checked on every release: must not cost a sum over all keys.
         return bool(self._waiters)
 
     def keys(self) -> list[str]:

@@ -26,7 +26,7 @@ from tenure import (
     ThreadRun,
     ThreadRuntime,
 )
-from tenure.runtime import RuntimeEvent, Signal
+from tenure.runtime import RuntimeEvent, Signal, _runtime
 from tenure.testing import ManualClock, eventually
 
 Handler = Callable[[ThreadRun], Awaitable[None]]
@@ -425,3 +425,27 @@ async def test_a_handler_that_never_reads_does_not_spin(
     # One run per delivery attempt of the local log (5), then the signal is dropped.
     assert len(runs) == 5
     assert "returned without reading" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_signal_sent_on_a_recent_refusal_after_its_owner_closed_is_run_by_the_sweep(
+    backend: MemoryPubSub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sender whose lease attempt was refused moments ago publishes the thread's
+    # next signals without trying the lease again. Here "moments" lasts the whole
+    # test, so the owner closes inside the window: the signal it no longer reads
+    # must still run, started by the sweep.
+    monkeypatch.setattr(_runtime, "_HELD_ELSEWHERE_FOR", 60.0)
+    rec = Recorder()
+    async with runtime(backend, rec, process_id="b", sweep_interval=0.05) as b:
+        async with runtime(backend, rec, process_id="a", idle_timeout=30) as a:
+            first = await a.send_signal("thread", 1)
+            sent = [await b.send_signal("thread", n) for n in (2, 3, 4)]
+            assert first.outcome == "wake"
+            assert [(s.outcome, s.run_id) for s in sent] == [("deliver", first.run_id)] * 3
+            await wait_until(lambda: rec.payloads("thread") == [1, 2, 3, 4])
+        late = await b.send_signal("thread", 5)
+        # Trusted refusal: no lease attempt, although the thread is free now.
+        assert (late.outcome, late.run_id) == ("deliver", first.run_id)
+        await wait_until(lambda: rec.payloads("thread") == [1, 2, 3, 4, 5])
+    assert [run.process_id for run in rec.runs] == ["a", "b"]

@@ -24,7 +24,7 @@ from .._contract import Capability, LeaseRecord
 from .._errors import BackendClosed, InvalidArgument
 from .._lifecycle import AsyncCloseable
 from .._validate import (
-    MAX_NAME_BYTES,
+    KNOWN_NAMES,
     MAX_TTL_MS,
     check_count,
     check_keys,
@@ -32,6 +32,7 @@ from .._validate import (
     check_prefix,
     check_timeout,
     check_ttl,
+    remember_names,
 )
 from .._waiters import KeyWaiters
 
@@ -135,29 +136,29 @@ class LeaseCore(AsyncCloseable, abc.ABC):
             )
         return ttl
 
-    def _args(self, key: Any, owner: Any, ttl_ms: Any) -> int:
+    def _args(self, key: Any, owner: Any, ttl_ms: Any = 1) -> int:
         """Checks of acquire and renew; returns the TTL."""
-        # The common case decided inline, without a call: these run on every operation.
+        # The common case decided inline, without a call: these run on every
+        # operation. A key or owner seen before is a set lookup (KNOWN_NAMES).
         if not (
             type(key) is str
-            and key.isascii()
-            and 0 < len(key) <= MAX_NAME_BYTES
+            and key in KNOWN_NAMES
             and type(owner) is str
-            and owner.isascii()
-            and 0 < len(owner) <= MAX_NAME_BYTES
+            and owner in KNOWN_NAMES
             and type(ttl_ms) is int
             and 1 <= ttl_ms <= self._max_ttl_ms
         ):
             check_name(key, "key")
             check_name(owner, "owner")
             self._check_ttl(ttl_ms)
+            remember_names(key, owner)
         if self._closed:
             raise self._closed_error()
         return ttl_ms  # type: ignore[no-any-return]  # an int, checked above
 
-    def _args_owner(self, key: Any, owner: Any) -> None:
-        """Checks of release: acquire's, with a TTL (1 ms) that every backend accepts."""
-        self._args(key, owner, 1)
+    #: Checks of release: acquire's, with the default TTL (1 ms) that every
+    #: backend accepts. The same function, so a release pays one call.
+    _args_owner = _args
 
     def _args_transfer(self, key: Any, from_owner: Any, to_owner: Any, ttl_ms: Any) -> int:
         check_name(key, "key")
@@ -254,7 +255,7 @@ class LeaseCore(AsyncCloseable, abc.ABC):
 
     def _freed(self, key: str) -> None:
         """A release or transfer of ``key`` happened: wake its longest-waiting local waiter."""
-        if self._waiters:
+        if self._waiters.queues:
             self._waiters.wake_one(key)
 
     async def _watch(self, key: str, timeout: float) -> None:

@@ -51,21 +51,12 @@ _IN_FLIGHT = 64
 _DEADLINE, _OWNER, _TOKEN, _GRANT = 0, 1, 2, 3
 _Lease = list[Any]
 
+# AcquireResult(True, owner, token) without the frozen __init__'s cost (see _grant).
 _new = object.__new__
 _set_acquired = AcquireResult.__dict__["acquired"].__set__
 _set_owner = AcquireResult.__dict__["owner"].__set__
 _set_token = AcquireResult.__dict__["token"].__set__
 _set_retry_after = AcquireResult.__dict__["retry_after_ms"].__set__
-
-
-def _granted(owner: str, token: int) -> AcquireResult:
-    """``AcquireResult(True, owner, token)`` without the frozen ``__init__``'s cost."""
-    result: AcquireResult = _new(AcquireResult)
-    _set_acquired(result, True)
-    _set_owner(result, owner)
-    _set_token(result, token)
-    _set_retry_after(result, None)
-    return result
 
 
 @dataclass(eq=False)
@@ -347,9 +338,13 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
     def _grant(self, key: str, owner: str, deadline: float, now: float) -> AcquireResult:
         if len(self._leases) >= self._sweep_at:
             self._sweep(now)
-        self._last_token += 1
-        result = _granted(owner, self._last_token)
-        self._leases[key] = [deadline, owner, self._last_token, result]
+        self._last_token = token = self._last_token + 1
+        result: AcquireResult = _new(AcquireResult)
+        _set_acquired(result, True)
+        _set_owner(result, owner)
+        _set_token(result, token)
+        _set_retry_after(result, None)
+        self._leases[key] = [deadline, owner, token, result]
         return result
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
@@ -381,7 +376,7 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
         # holds(), spelled out: the release is half of the hot path's cycle.
         if lease is not None and lease[_OWNER] == owner and lease[_DEADLINE] > self._clock():
             del self._leases[key]
-            if self._waiters:
+            if self._waiters.queues:  # _freed(), spelled out
                 self._waiters.wake_one(key)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:

@@ -38,9 +38,12 @@ is published to the thread's own topic and read only through the consumer group
 (lease key and topic are the thread's name). One consumer at a time reads the
 log in order, so per-thread order is the log's order.
 
-*A sender never forwards a payload.* After publishing it tries to acquire the
+*A sender never forwards a payload.* It publishes and tries to acquire the
 lease: if it wins it opens a *session* (lease + subscription) and answers
 ``"wake"``; otherwise ``"deliver"``: the owner reads the signal from the log.
+A refusal is trusted for 50 ms: the thread's next signals from this sender are
+published without a lease attempt (a burst costs one publish per signal). If
+the owner's run closed meanwhile, the sweep starts them.
 
 *The first signal of a thread.* A consumer group is created at the log's end, so
 a signal published before the group exists would be skipped. A session of a
@@ -48,7 +51,7 @@ thread whose group this process has not seen takes the lease as
 ``"<process>/<session>.0"`` (*opening*), subscribes, and only then moves the
 lease to ``".1"``. A sender that has not seen the group acquires first and
 publishes once its own session is open, or waits while another owner is
-opening. Once the group is known, senders publish first and acquire second.
+opening. Once the group is known, senders publish and acquire together.
 
 *Taking over.* A session that acquires a thread's lease first *reclaims* the
 group's unacknowledged signals (``Capability.RECLAIM``): whatever a previous
@@ -146,6 +149,9 @@ __all__ = ["CLOSE_MARKER", "GROUP", "SIGNAL_TYPE", "ThreadRun", "ThreadRuntime"]
 logger = logging.getLogger("tenure.runtime")
 
 _KNOWN_TOPICS = 100_000
+# How long a sender trusts a refusal of a thread's lease (a live run elsewhere)
+# and sends the thread's next signals without trying the lease again.
+_HELD_ELSEWHERE_FOR = 0.05
 # How long a sender waits while a new thread's lease is refused with no holder
 # (Redis's quarantine after a start lasts max_ttl_ms, 60 s by default, + 1 s + 1%).
 _NO_HOLDER_WAIT = 65.0
@@ -289,6 +295,9 @@ class ThreadRuntime(AsyncCloseable):
         self._sessions: dict[str, Session] = {}
         # Topics whose consumer group is known to exist (LRU).
         self._known: OrderedDict[str, None] = OrderedDict()
+        # Threads whose lease was refused moments ago: their owner, and until when
+        # (time.monotonic()) a send skips the lease attempt.
+        self._held_elsewhere: dict[str, tuple[str, float]] = {}
         self._thread_lock = KeyLocks().hold
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -438,18 +447,36 @@ class ThreadRuntime(AsyncCloseable):
                     session.late_send = True
                 self.emit("deliver", thread_key, run_id=session.run_id, signal_id=signal_id)
                 return SendResult("deliver", session.run_id, signal_id, thread_key)
-            if self.policy != "reject" and name in self._known:
-                # The thread's group exists: make the signal durable first, so its
-                # delivery does not wait for the lease round trip.
+            held = self._held_elsewhere.get(thread_key)
+            if held is not None and time.monotonic() < held[1] and self.policy != "reject":
+                # A run elsewhere held the thread a moment ago: it reads the signal
+                # from the log. Should that run have closed since, the signal is
+                # started by the sweep (within sweep_interval), as one sent just
+                # after its close marker always is.
                 stored = await self.log.publish(name, event)
+                owner: str | None = held[0]
+            elif self.policy != "reject" and name in self._known:
+                # The thread's group exists: store the signal and try the lease at
+                # once, so a send costs one round trip's wait, not two (a pipelined
+                # connection carries both together). A session started here reads
+                # the signal from the group whichever of the two lands first.
+                publishing = asyncio.ensure_future(self.log.publish(name, event))
+                tried = time.monotonic()
                 try:
                     started, owner = await self._try_start(thread_key, "wake", signal_id)
                 except TenureError as exc:
-                    # Stored, but we could not look for its run: the sweep will.
+                    # Stored (unless the publish fails too), but we could not look
+                    # for its run: the sweep will.
                     logger.warning("could not acquire the lease of %r: %s", thread_key, exc)
                     started, owner = None, None
+                except BaseException:
+                    publishing.cancel()
+                    await asyncio.gather(publishing, return_exceptions=True)
+                    raise
+                stored = await publishing
                 if started is not None:
                     return SendResult("wake", started.run_id, signal_id, thread_key)
+                self._held_by(thread_key, owner, tried)
             else:
                 # The group may not exist yet (a signal published before it would be
                 # skipped), or the policy must see the run before storing: take the
@@ -495,6 +522,16 @@ class ThreadRuntime(AsyncCloseable):
     def _rejected(self, thread_key: str, run_id: str | None, signal_id: str) -> SendResult:
         self.emit("rejected", thread_key, run_id=run_id, signal_id=signal_id)
         return SendResult("rejected", run_id, signal_id, thread_key)
+
+    def _held_by(self, thread_key: str, owner: str | None, tried: float) -> None:
+        """The lease of ``thread_key``, tried at ``tried``, was refused to us: held by ``owner``."""
+        held = self._held_elsewhere
+        if owner is None or owner.endswith(".0"):
+            held.pop(thread_key, None)  # no holder, or one still opening: try again next time
+            return
+        if len(held) >= _KNOWN_TOPICS:
+            held.clear()
+        held[thread_key] = (owner, tried + _HELD_ELSEWHERE_FOR)
 
     def _remember(self, topic: str) -> None:
         """Note that ``topic``'s consumer group exists (a session of it was open)."""

@@ -283,19 +283,17 @@ class Session:
         return self.buffer.popleft()
 
     async def _wait_arrival(self, timeout: float) -> bool:
-        """Wait until a signal is buffered or the lease is lost; ``False`` on timeout."""
+        """Wait until a signal is buffered or the lease is lost; ``False`` on timeout.
+
+        A loss sets ``arrived`` too (``_lose``): one event to wait on, no task
+        per wait (this runs for every signal a run waits for).
+        """
         self.arrived.clear()
-        if self.buffer:
+        if self.buffer or self.lost.is_set():
             return True
-        waiters = [
-            asyncio.ensure_future(self.arrived.wait()),
-            asyncio.ensure_future(self.lost.wait()),
-        ]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.arrived.wait()
         return bool(self.buffer) or self.lost.is_set()
 
     # -- lifecycle ----------------------------------------------------------
@@ -583,6 +581,7 @@ class Session:
     def _lose(self, reason: str) -> None:
         """The renewer declared the lease lost: tell the run and stop it."""
         self.lost_reason = reason
+        self.arrived.set()  # wakes a run waiting for its next signal (_wait_arrival)
         logger.warning(
             "run %s of thread %r lost its lease: %s", self.run_id, self.thread_key, reason
         )
