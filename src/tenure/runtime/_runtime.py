@@ -60,7 +60,7 @@ before newer signals. Holding the lease is what makes this safe: the previous
 owner either released it (and handed everything back) or lost it.
 
 *Fenced reads.* Where the log keeps the leases too and declares
-``Capability.FENCED_TAKES`` (PostgreSQL), a session subscribes with a
+``Capability.FENCED_TAKES`` (SQLite, PostgreSQL), a session subscribes with a
 :class:`~tenure.LeaseFence` on its own owner prefix: the backend takes signals
 for it only while it holds the thread's lease, checked in the statement that
 takes them. A session that lost its lease while its reads went on (paused,
@@ -101,11 +101,11 @@ whose events do not outlive a process, or one without leases
 process-local log (a :class:`~tenure.MemoryPubSub`) and the runtime is correct
 within one process only.
 
-Limits: on Redis and SQLite, per-thread order can break for a signal sent
-while a paused owner's read was outstanding: the backend hands it to that stale
+Limits: on Redis, per-thread order can break for a signal sent while a paused
+owner's blocking read was outstanding: the backend hands it to that stale
 reader, which gives it back only once it finds its lease lost, after newer
-signals ran (seen once by the thread harness on Redis, under SIGSTOP; crashes
-do not cause it; PostgreSQL's fenced reads close it); a backend
+signals ran (seen once by the thread harness, under SIGSTOP; crashes do not
+cause it; the fenced reads of SQLite and PostgreSQL close it); a backend
 that loses acknowledged state (a Redis restart without
 persistence) can lose signals published before the restart; a handler that
 raises on a signal gets it again at most the backend's ``max_attempts`` times.
