@@ -202,6 +202,13 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     newest event id), plus one pass over the claims in flight of all groups;
     idle topics and their groups cost nothing.
 
+    **Fenced takes** (``FENCED_TAKES``). ``subscribe(..., fence=LeaseFence(key,
+    owner_prefix))``: each fetch of that subscription checks, inside its write
+    transaction, that the lease ``key`` is live (on the lease clock) and held
+    by an owner with that prefix, and takes nothing otherwise; a subscriber
+    whose lease expired cannot take what the next holder reclaimed. The thread
+    runtime subscribes this way.
+
     **Change detection.** SQLite has no notifications, so the instances of a
     file tell each other (:class:`~tenure.backends.sqlite._wake.WakeChannel`):
     while an instance has subscribers or lease waiters it listens on a
