@@ -273,11 +273,14 @@ class ClaimedEvents(PubSub, Generic[_G]):
         check_name(topic, "topic")
         self._check_open()
         groups = self._topics.get(topic, {})
-        for target in groups.values():
-            target.fences.pop(callback, None)
+        views = list(groups.values())
         for slot, target in await remove_member(groups, callback):
             del groups[slot]
             await self._leave(target)
+        # Only now: without its fence, a view left with no fenced member would
+        # take unfenced while the member's delivery task was being stopped.
+        for target in views:
+            target.fences.pop(callback, None)
         if not groups:
             self._topics.pop(topic, None)
         self._subscriptions_changed()
