@@ -8,6 +8,8 @@ server start their own (see ``tests/support``).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +35,19 @@ def redis_url() -> str:
 def postgres_url() -> str:
     """The shared PostgreSQL server's URL (``TENURE_TEST_POSTGRES_URL``); fails if unreachable."""
     return require_tcp(POSTGRES_URL, "PostgreSQL")
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A fresh directory with a short path (``/tmp/tw-XXXXXXXX``), removed after.
+
+    For files whose path must stay short whatever pytest's own temporary tree
+    is called: a Unix socket's path holds at most 107 bytes, and
+    ``/tmp/pytest-of-root/pytest-NNN/<test name>/`` grows with the run counter.
+    """
+    path = Path(tempfile.mkdtemp(prefix="tw-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -138,9 +138,9 @@ async def test_sqlite_permissions_and_durability(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_sqlite_wake_up_sockets_are_checked(tmp_path: Path) -> None:
-    deep = tmp_path / ("d" * max(1, 110 - len(str(tmp_path))))
-    for file, level in ((tmp_path / "leases.db", "ok"), (deep / "leases.db", "warn")):
+async def test_sqlite_wake_up_sockets_are_checked(short_tmp: Path) -> None:
+    deep = short_tmp / ("d" * max(1, 110 - len(str(short_tmp))))
+    for file, level in ((short_tmp / "leases.db", "ok"), (deep / "leases.db", "warn")):
         async with tenure.from_url(f"sqlite:///{file}") as backend:
             await backend.get_lease_owner("k")  # creates the file
         found = await _findings(f"sqlite:///{file}")

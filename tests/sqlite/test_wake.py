@@ -217,14 +217,14 @@ async def test_a_socket_removed_behind_its_back_is_covered_by_the_safety_poll_an
 @pytest.mark.asyncio
 @pytest.mark.parametrize("cause", ["path-too-long", "directory-is-a-file"])
 async def test_without_sockets_waiters_are_woken_by_polling_and_the_log_says_so_once(
-    spawn: Spawner, tmp_path: Path, caplog: pytest.LogCaptureFixture, cause: str
+    spawn: Spawner, short_tmp: Path, caplog: pytest.LogCaptureFixture, cause: str
 ) -> None:
     if cause == "path-too-long":
-        folder = tmp_path / ("d" * max(1, 110 - len(str(tmp_path))))
+        folder = short_tmp / ("d" * max(1, 110 - len(str(short_tmp))))
         folder.mkdir()
         db = str(folder / "shared.db")
     else:
-        db = str(tmp_path / "shared.db")
+        db = str(short_tmp / "shared.db")
         Path(db + ".tenure-wake").write_text("in the way")  # noqa: ASYNC240 - one tiny file
     holder = await child_holding(spawn, db, "k")
     with caplog.at_level(logging.WARNING, logger="tenure.sqlite"):
