@@ -19,18 +19,17 @@ class KeyWaiters:
         #: The waiters of each key, longest-waiting first; empty when nobody
         #: waits, which is what a release checks (a dict's truth costs no call).
         self.queues: dict[str, deque[asyncio.Future[None]]] = {}
-        self._waiters = self.queues
         # Waiters in :meth:`wait`, by key: they have looked and now sleep.
         self._parked: dict[str, int] = {}
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._waiters.values())
+        return sum(len(q) for q in self.queues.values())
 
     def __bool__(self) -> bool:
-        return bool(self._waiters)
+        return bool(self.queues)
 
     def keys(self) -> list[str]:
-        return list(self._waiters)
+        return list(self.queues)
 
     def parked(self, key: str) -> int:
         """How many waiters of ``key`` are asleep in :meth:`wait` (what a test waits for)."""
@@ -39,19 +38,19 @@ class KeyWaiters:
     def register(self, key: str) -> asyncio.Future[None]:
         """A future that completes when this waiter is woken; register before you look."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(key, deque()).append(fut)
+        self.queues.setdefault(key, deque()).append(fut)
         return fut
 
     def discard(self, key: str, fut: asyncio.Future[None]) -> None:
         """Forget a waiter that gives up; a wake-up it already received is passed on."""
-        queue = self._waiters.get(key)
+        queue = self.queues.get(key)
         if queue is not None:
             try:
                 queue.remove(fut)
             except ValueError:
                 pass
             if not queue:
-                del self._waiters[key]
+                del self.queues[key]
         if fut.done():
             if not fut.cancelled():
                 self.wake_one(key)
@@ -60,24 +59,24 @@ class KeyWaiters:
 
     def wake_one(self, key: str) -> bool:
         """Wake the longest-waiting waiter of ``key``; ``False`` if there is none."""
-        queue = self._waiters.get(key)
+        queue = self.queues.get(key)
         while queue:
             fut = queue.popleft()
             if not fut.done():
                 fut.set_result(None)
                 if not queue:
-                    del self._waiters[key]
+                    del self.queues[key]
                 return True
-        self._waiters.pop(key, None)
+        self.queues.pop(key, None)
         return False
 
     def wake_all(self) -> None:
         """Wake every waiter (the backend lost track, e.g. after a reconnect)."""
-        for queue in self._waiters.values():
+        for queue in self.queues.values():
             for fut in queue:
                 if not fut.done():
                     fut.set_result(None)
-        self._waiters.clear()
+        self.queues.clear()
 
     async def wait(self, key: str, fut: asyncio.Future[None], timeout: float) -> bool:
         """Wait on a registered future; ``True`` if woken, ``False`` on timeout."""

@@ -351,9 +351,6 @@ class PgConnection:
         except asyncio.CancelledError:
             if not fired:
                 raise
-            first.cancel()
-            if second is not None:
-                second.cancel()
             for _ in range(fired):
                 task.uncancel()
             fired = 0
