@@ -126,6 +126,52 @@ async def test_a_subscriber_whose_lease_is_gone_takes_nothing(stale: Fenced, fre
 
 
 @pytest.mark.asyncio
+async def test_an_unsubscribing_member_stays_fenced_until_its_delivery_stopped(
+    stale: Fenced, fresh: Fenced
+) -> None:
+    """Unsubscribing stops the member's delivery task first; a callback may take
+    a while to give up its event (here it waits to be let go). Meanwhile the
+    view still fetches: it must stay fenced, or it takes, unfenced, what the
+    lease's next holder should read (and keeps it until the unsubscribe ends)."""
+    got_fresh: list[tuple[object, int]] = []
+    holding = asyncio.Event()
+    cancelled = asyncio.Event()
+    let_go = asyncio.Event()
+
+    async def slow_to_leave(event: Event) -> None:
+        holding.set()
+        try:
+            await asyncio.Event().wait()  # holds event 1 until unsubscribed
+        except asyncio.CancelledError:
+            cancelled.set()
+            await let_go.wait()
+            raise
+
+    async def on_fresh(event: Event) -> None:
+        got_fresh.append((event.data, event.attempt))
+
+    assert (await stale.acquire_lease(TOPIC, "p1/s1.1", 60_000)).acquired
+    await stale.subscribe(TOPIC, slow_to_leave, group=GROUP, fence=LeaseFence(TOPIC, "p1/s1."))
+    await fresh.publish(TOPIC, Event(type="n", data=1))
+    await eventually(holding.is_set, timeout=10)
+    assert await fresh.revoke_lease(TOPIC)
+    leaving = asyncio.ensure_future(stale.unsubscribe(TOPIC, slow_to_leave))
+    try:
+        await eventually(cancelled.is_set, timeout=10)
+        # The window: a publish wakes the leaving member's fetch loop.
+        await fresh.publish(TOPIC, Event(type="n", data=2))
+        await asyncio.sleep(0.3)
+        assert (await fresh.acquire_lease(TOPIC, "p2/s9.1", 60_000)).acquired
+        await fresh.subscribe(TOPIC, on_fresh, group=GROUP, fence=LeaseFence(TOPIC, "p2/s9."))
+        await eventually(lambda: (2, 1) in got_fresh, timeout=5)
+    finally:
+        let_go.set()
+        await leaving
+    await eventually(lambda: len(got_fresh) == 2, timeout=10)  # event 1, handed back
+    await fresh.unsubscribe(TOPIC, on_fresh)
+
+
+@pytest.mark.asyncio
 async def test_an_expired_lease_fences_like_a_lost_one(stale: Fenced) -> None:
     got: list[tuple[object, int]] = []
 

@@ -239,6 +239,36 @@ async def test_server_crash_is_unavailable_then_recovers_with_higher_tokens() ->
 
 
 @pytest.mark.asyncio
+async def test_a_release_lost_in_a_crash_only_lets_the_lease_expire() -> None:
+    """A release commits without waiting for the WAL flush. Force its loss: the
+    WAL writer flushes every 10 s only, and the server is SIGKILLed right after
+    the release returned. After recovery the lease is still the releaser's,
+    with its token, until its deadline; nobody else gets it before, and the
+    next owner gets a higher token after (what the docstring promises)."""
+    ttl_ms = 6000
+    with PgServer(settings={"wal_writer_delay": "10000"}) as server:
+        url = f"{server.url}?pool_timeout=2"
+        async with PostgresLeaseProvider.from_url(url) as provider:
+            first = await provider.acquire_lease("k", "alice", ttl_ms)
+            granted_at = time.monotonic()
+            assert first.acquired and first.token is not None
+            await provider.release_lease("k", "alice")
+            server.kill()
+        server.start()
+        async with PostgresLeaseProvider.from_url(url) as provider:
+            record = await provider.get_lease("k")
+            # Lost: without the asynchronous commit the lease would be free here.
+            assert record is not None and record.owner == "alice"
+            assert record.token == first.token
+            refused = await provider.acquire_lease("k", "bob", ttl_ms)
+            assert not refused.acquired and refused.owner == "alice"
+            await asyncio.sleep(max(0.0, granted_at + ttl_ms / 1000 + 0.1 - time.monotonic()))
+            second = await provider.acquire_lease("k", "bob", ttl_ms)
+            assert second.acquired and second.token is not None
+            assert second.token > first.token
+
+
+@pytest.mark.asyncio
 async def test_wrong_password_is_a_prompt_configuration_error_and_never_shown(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

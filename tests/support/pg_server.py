@@ -109,8 +109,16 @@ class PgServer:
     data (so :meth:`kill` then :meth:`start` is a crash and a recovery).
     """
 
-    def __init__(self, *, password: str | None = None, bindir: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        password: str | None = None,
+        bindir: Path | None = None,
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.password = password
+        # Extra server settings (``-c name=value``), e.g. a slow WAL writer.
+        self.settings = dict(settings or {})
         self.bindir = find_bindir() if bindir is None else bindir
         self.port = free_port()
         self._as_root = os.geteuid() == 0
@@ -168,7 +176,7 @@ class PgServer:
             f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} "
             "-c fsync=off -c full_page_writes=off -c max_connections=60 "
             "-c shared_buffers=16MB"
-        )
+        ) + "".join(f" -c {name}={value}" for name, value in self.settings.items())
         data, log = str(self.data), str(self.log)
         self._run("pg_ctl", "-D", data, "-l", log, "-w", "-t", "60", "-o", options, "start")
         return self
