@@ -1,7 +1,10 @@
-"""Celery prefork workers on a Redis broker, with a task guarded by ``@tenure.sync.singleton``.
+"""Celery prefork workers, with a task guarded by ``@tenure.sync.singleton``.
 
     TENURE_URL=redis://127.0.0.1:6379/0 celery --workdir examples -A celery_singleton \\
         worker --pool=prefork --concurrency=3
+
+The broker is Redis by default; ``CELERY_BROKER_URL=amqp://guest:guest@127.0.0.1:5672//``
+runs the same on RabbitMQ (the leases and the fenced store stay on Redis).
 
 Celery delivers a task at least once: with ``acks_late`` a task whose worker
 died is delivered again, and a client may send the same task twice. Here

@@ -8,9 +8,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-__all__ = ["POSTGRES_URL", "REDIS_URL", "drop_postgres_schema", "require_tcp"]
+__all__ = ["AMQP_URL", "POSTGRES_URL", "REDIS_URL", "drop_postgres_schema", "require_tcp"]
 
 REDIS_URL = os.environ.get("TENURE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get("TENURE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 POSTGRES_URL = os.environ.get(
     "TENURE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )

@@ -1,4 +1,6 @@
-"""Celery prefork workers on a Redis broker running ``examples/celery_singleton.py`` for real.
+"""Celery prefork workers running ``examples/celery_singleton.py`` for real, on a Redis
+broker and on a RabbitMQ broker (``TENURE_TEST_AMQP_URL``, the shared server at
+127.0.0.1:5672 by default). The leases and the fenced store are on Redis in both.
 
 Duplicate deliveries (a task sent several times, a worker child killed with
 ``acks_late``) never run at once for one key, and a run paused past its lease
@@ -19,18 +21,20 @@ from typing import Any
 import pytest
 
 from tests.support.example_process import ExampleProcess
+from tests.support.servers import AMQP_URL, require_tcp
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TTL_MS = 1500
 
 
 class Worker(ExampleProcess):
-    def __init__(self, redis_url: str, prefix: str) -> None:
+    def __init__(self, redis_url: str, broker_url: str, prefix: str) -> None:
         super().__init__(redis_url, prefix)
+        self.broker_url = broker_url
         env = {
             **os.environ,
             "TENURE_URL": redis_url,
-            "CELERY_BROKER_URL": redis_url,
+            "CELERY_BROKER_URL": broker_url,
             "TENURE_EXAMPLE_PREFIX": prefix,
             "TENURE_EXAMPLE_TTL_MS": str(TTL_MS),
         }
@@ -57,7 +61,7 @@ class Worker(ExampleProcess):
             start_new_session=True,
         )
         celery: Any = importlib.import_module("celery")
-        self.client = celery.Celery("client", broker=redis_url)
+        self.client = celery.Celery("client", broker=broker_url)
 
     def send(self, invoice: str, **kwargs: Any) -> None:
         self.client.send_task(
@@ -77,6 +81,9 @@ class Worker(ExampleProcess):
         self.stop()
         assert self.proc.stdout is not None
         self.proc.stdout.close()
+        if self.broker_url.startswith("amqp"):  # the queue outlives its consumers there
+            with self.client.connection_for_write() as conn:
+                conn.default_channel.queue_delete(f"{self.prefix}queue")
         self.client.close()
         keys = list(self.redis.scan_iter(match=self.prefix.replace(":", "\\:") + "*"))
         if keys:
@@ -84,9 +91,10 @@ class Worker(ExampleProcess):
         self.redis.close()
 
 
-@pytest.fixture
-def worker(redis_url: str, unique: str) -> Iterator[Worker]:
-    worker = Worker(redis_url, f"tenure-test-{unique}:")
+@pytest.fixture(params=["redis", "rabbitmq"])
+def worker(request: pytest.FixtureRequest, redis_url: str, unique: str) -> Iterator[Worker]:
+    broker = redis_url if request.param == "redis" else require_tcp(AMQP_URL, "RabbitMQ")
+    worker = Worker(redis_url, broker, f"tenure-test-{unique}:")
     try:
         yield worker
     finally:
