@@ -193,20 +193,25 @@ def measure(seconds: float, rounds: int, redis_url: str) -> list[Figure]:
                     f"  {what:5}  async {a * 1e6:7.1f} us   sync {s * 1e6:7.1f} us   added per call:"
                     f" {(s - a) * 1e6 / calls:6.1f} us wall, {(sc - ac) * 1e6 / calls:6.1f} us CPU"
                 )
-            a, s = result["cycle async"], result["cycle sync"]
-            found.append(
-                Figure(
-                    name,
-                    "tenure.sync acquire+release vs the same awaited (time per cycle)",
-                    s * 1e6,
-                    a * 1e6,
-                    "us",
-                    s / a,
-                )
-            )
             floor, floor_cpu = result["hand-off floor"], result["hand-off floor cpu"]
             print(
                 f"  bare thread hand-off floor {floor * 1e6:.1f} us wall, {floor_cpu * 1e6:.1f} us CPU"
+            )
+            # The goal is on the time added per call (acquire+release, per
+            # call); the baseline column is the floor of any hand-off to a loop
+            # thread and back on this machine, which no such facade can go under.
+            added = (result["cycle sync"] - result["cycle async"]) / 2
+            found.append(
+                Figure(
+                    name,
+                    "time tenure.sync adds per call (acquire+release) vs a bare thread hand-off",
+                    added * 1e6,
+                    floor * 1e6,
+                    "us",
+                    added / floor,
+                    ("<=", 30.0),
+                    "tenure",
+                )
             )
         print(
             f"{THREADS} threads contending on one Redis key: critical sections per second, "
