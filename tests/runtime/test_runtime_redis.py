@@ -9,13 +9,14 @@ unsubscribes (not through Redis's idle-entry reclaim).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from tenure import Capability, Event, ThreadRun, ThreadRuntime
+from tenure import BackendUnavailable, Capability, Event, ThreadRun, ThreadRuntime
 from tenure.backends.redis import RedisStreamsPubSub
 from tenure.testing import eventually
 
@@ -146,3 +147,70 @@ async def test_a_first_signal_sent_during_a_fresh_servers_quarantine_is_run() ->
                 await eventually(lambda: handled == ["first"], timeout=10)
         finally:
             await backend.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_session_whose_unsubscribe_hangs_releases_its_thread_after_the_timeout(
+    redis_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The events connection black-holed (a proxy that forwards nothing) as a
+    session closes: its unsubscribe hangs, for up to the 60 s socket timeout set
+    here, but the session goes on after ``unsubscribe_timeout`` and releases the
+    thread's lease (taken on a connection of its own), instead of keeping the
+    thread hostage. Once the connection passes again, the thread runs again."""
+    from safety.proxy import Proxy
+
+    host, port = redis_url.split("//")[1].split("/")[0].split(":")
+    handled: list[Any] = []
+    go = asyncio.Event()
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append(signal.payload)
+            if signal.payload == 1:
+                await go.wait()
+                return
+
+    caplog.set_level(logging.WARNING, logger="tenure.runtime")
+    async with Proxy(host, int(port)) as proxy:
+        events = RedisStreamsPubSub.from_url(
+            f"redis://127.0.0.1:{proxy.port}/0",
+            prefix=prefix,
+            quarantine=False,
+            socket_timeout=60,
+        )
+        leases = RedisStreamsPubSub.from_url(redis_url, prefix=prefix, quarantine=False)
+        try:
+            async with ThreadRuntime(
+                events,
+                handler,
+                lease_provider=leases,
+                ttl_ms=2_000,
+                idle_timeout=0.2,
+                marker_timeout=0.5,
+                unsubscribe_timeout=0.3,
+            ) as rt:
+                await rt.send_signal("t", 1)
+                await eventually(lambda: handled == [1])
+                assert await leases.get_lease_owner(rt.lease_key("t")) is not None
+                proxy.set_mode("blackhole")
+                go.set()  # the run ends: the session closes and unsubscribes
+                for _ in range(1000):
+                    if await leases.get_lease_owner(rt.lease_key("t")) is None:
+                        break
+                    await asyncio.sleep(0.01)
+                else:
+                    pytest.fail("the thread's lease was not released within 10 s")
+                assert proxy.mode == "blackhole"  # released while the unsubscribe still hangs
+                assert any("takes longer than" in r.getMessage() for r in caplog.records)
+                proxy.set_mode("pass")  # resets the black-holed connections
+                for _ in range(100):  # a sender retries what failed on a reset connection
+                    try:
+                        await rt.send_signal("t", 2, signal_id="two")
+                        break
+                    except BackendUnavailable:
+                        await asyncio.sleep(0.05)
+                await eventually(lambda: 2 in handled, timeout=20)
+        finally:
+            await events.aclose()
+            await leases.aclose()

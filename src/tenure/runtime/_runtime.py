@@ -190,7 +190,8 @@ class ThreadRuntime(AsyncCloseable):
     ``idle_timeout`` (seconds without a signal after which a run's iteration
     ends, default 1 s), ``sweep_interval`` (seconds between looks for threads
     with unfinished signals, default the renew interval capped at 1 s),
-    ``marker_timeout`` (seconds to wait for the close marker, default 10 s),
+    ``marker_timeout`` (seconds a closing session waits to publish its close
+    marker, and again to read it back; default 10 s),
     ``unsubscribe_timeout`` (seconds a closing session waits for the backend's
     ``unsubscribe``, default 5 s), ``cancel_on_loss`` (cancel the handler when
     the lease is lost, default true), ``policy`` (``"enqueue"``,

@@ -397,10 +397,27 @@ class Session:
         self.late_send = False
         self.marker_seq += 1
         self.marker_seen.clear()
-        await self.rt.log.publish(
-            self.topic,
-            Event(type=CLOSE_MARKER, data={"session": self.sid, "seq": self.marker_seq}),
-        )
+        # The publish shares the marker's time limit: a log that stopped answering
+        # must not keep the thread's lease (renewed on the lease provider's own
+        # connection) until the driver's socket timeout. Whether the marker went
+        # out is then unknown; closing is safe either way, because unsubscribing
+        # hands whatever came before it back to the group.
+        try:
+            await asyncio.wait_for(
+                self.rt.log.publish(
+                    self.topic,
+                    Event(type=CLOSE_MARKER, data={"session": self.sid, "seq": self.marker_seq}),
+                ),
+                self.rt.marker_timeout,
+            )
+        except TimeoutError:
+            logger.warning(
+                "publishing the close marker of session %s on %r took over %.1f s; closing",
+                self.sid,
+                self.thread_key,
+                self.rt.marker_timeout,
+            )
+            return True
         waiters = [
             asyncio.ensure_future(self.marker_seen.wait()),
             asyncio.ensure_future(self.arrived.wait()),
