@@ -528,3 +528,35 @@ def test_the_dedupe_window_is_an_url_option() -> None:
     assert backend._dedupe_window_ms == 5000
     with pytest.raises(tenure.ConfigurationError):
         RedisStreamsPubSub.from_url("redis://localhost/0?dedupe_window_ms=0")
+
+
+@pytest.mark.asyncio
+async def test_a_consumer_group_destroyed_under_a_reading_member_is_recreated(
+    clients: tuple[Factory, str], redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``XGROUP DESTROY`` (an operator, or a restart without persistence) under a
+    member blocked in ``XREADGROUP``: the member recreates the group, says so in
+    the log, and receives what is published after that."""
+    make, prefix = clients
+    backend = make()
+    got: list[Event] = []
+    stream = f"{prefix}{{t}}:stream".encode()
+    await backend.subscribe("t", collector(got), group="g")
+    await backend.publish("t", Event(type="t", data="before"))
+    await eventually(lambda: [e.data for e in got] == ["before"])
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tenure.redis"):
+            assert await raw.xgroup_destroy(stream, "g:g") == 1
+
+            for _ in range(1000):  # the reader recreates it on its next read
+                if b"g:g" in await groups_of(redis_url, stream):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                pytest.fail("the consumer group was not recreated within 10 s")
+            await backend.publish("t", Event(type="t", data="after"))
+            await eventually(lambda: [e.data for e in got] == ["before", "after"])
+    finally:
+        await raw.aclose()
+    assert any("disappeared; recreating" in r.getMessage() for r in caplog.records)
