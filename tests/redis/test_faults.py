@@ -336,3 +336,39 @@ async def test_reader_recovers_entries_whose_reply_was_lost(
     assert sorted(e.data for e in got) == [0, 1, 2, 3]
     assert {e.id for e in got} == {e.id for e in sent}
     assert sorted(e.attempt for e in got) == [1, 2, 2, 2]
+
+
+@pytest.mark.asyncio
+async def test_a_reader_blocked_on_a_paused_server_notices_and_reads_again_after(
+    server: RedisServer, make_backend: MakeBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that stops answering (``SIGSTOP``: no reset, as with a dead host)
+    under a subscriber blocked in ``XREADGROUP``: its read times out within the
+    socket timeout, which the reader reports and retries, instead of waiting on
+    the connection forever; once the server answers again, so does the reader."""
+    backend = make_backend(server.url, quarantine=False, socket_timeout=0.5)
+    publisher = make_backend(server.url, quarantine=False)
+    got: list[object] = []
+
+    async def callback(event: Event) -> None:
+        got.append(event.data)
+
+    await backend.subscribe("t", callback, group="g")
+    await publisher.publish("t", Event(type="t", data=1))
+    await eventually(lambda: got == [1])
+    caplog.set_level(logging.WARNING, logger="tenure.redis")
+    server.pause()
+    try:
+        await eventually(
+            lambda: any("reading topic 't'" in r.getMessage() for r in caplog.records),
+            timeout=20,
+        )
+    finally:
+        server.resume()
+    for _ in range(100):  # its connection may have been reset meanwhile
+        try:
+            await publisher.publish("t", Event(type="t", data=2))
+            break
+        except BackendUnavailable:
+            await asyncio.sleep(0.05)
+    await eventually(lambda: got == [1, 2], timeout=20)
