@@ -31,7 +31,8 @@ class FailingCalls(FiveMethodsOnly):
     ``transfer``: ``"open"`` (a session's opening move, from ``.0``) or
     ``"handover"`` (to the next run); ``transfer_applied``: the failing transfer
     is applied on the backend before it raises (a lost reply) or not at all.
-    ``release``: releases raise while set.
+    ``release``: releases raise while set. ``owner_check``: the next
+    ``get_lease_owner`` after a failed transfer raises too.
     """
 
     def __init__(self, inner: Any) -> None:
@@ -39,7 +40,15 @@ class FailingCalls(FiveMethodsOnly):
         self.transfer: str | None = None
         self.transfer_applied = False
         self.release = False
+        self.owner_check = False
         self.failed: list[str] = []
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        if self.owner_check and self.failed and self.failed[-1].startswith("transfer:"):
+            self.owner_check = False
+            self.failed.append("owner")
+            raise BackendUnavailable("simulated network error") from OSError("connection reset")
+        return await super().get_lease_owner(key)
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         kind = "open" if from_owner.endswith(".0") else "handover"
@@ -230,11 +239,17 @@ def _one_signal_per_run(handled: list[tuple[str, Any]], go: asyncio.Event) -> An
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("applied", [True, False])
-async def test_a_hand_over_whose_transfer_raises(applied: bool) -> None:
-    # Applied (the reply was lost): the next run goes on as the new owner.
-    # Not applied: the session cannot know it still holds the lease, counts it
-    # lost, and the signal is run by a later session once this one let go.
+@pytest.mark.parametrize(
+    ("applied", "check_fails"),
+    [(True, False), (False, False), (True, True)],
+    ids=["applied", "not-applied", "applied-and-the-owner-check-fails"],
+)
+async def test_a_hand_over_whose_transfer_raises(applied: bool, check_fails: bool) -> None:
+    # Applied (the reply was lost): the session reads the owner, sees the next
+    # run's name, and the next run goes on as the new owner. Not applied, or
+    # applied but the owner cannot be read either: the session cannot know
+    # whether it holds the lease, counts it lost, and the signal is run by a
+    # later session once this one let go (or, applied, once the lease expired).
     events: list[RuntimeEvent] = []
     handled: list[tuple[str, Any]] = []
     go = asyncio.Event()
@@ -253,14 +268,15 @@ async def test_a_hand_over_whose_transfer_raises(applied: bool) -> None:
             await eventually(lambda: len(handled) == 1)
             await rt.send_signal("t", 2)  # buffered behind the first run: a hand-over
             provider.transfer, provider.transfer_applied = "handover", applied
+            provider.owner_check = check_fails
             go.set()
             await eventually(lambda: len(handled) == 2)
-    assert provider.failed == ["transfer:handover"]
+    assert provider.failed == ["transfer:handover", *(["owner"] if check_fails else [])]
     assert [payload for _, payload in handled] == [1, 2]
     first_run, second_run = (run_id for run_id, _ in handled)
     assert first_run != second_run
     kinds = [e.kind for e in events]
-    if applied:
+    if applied and not check_fails:
         assert "lost" not in kinds
         [handover] = [e for e in events if e.kind == "handover"]
         assert (handover.detail, handover.run_id) == (first_run, second_run)
