@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.servers import POSTGRES_URL, REDIS_URL, drop_postgres_schema, require_tcp
+from tests.support.servers import (
+    POSTGRES_URL,
+    REDIS_URL,
+    drop_postgres_schema,
+    leftovers,
+    require_tcp,
+    unique_name,
+)
 from tests.support.targets import targets
 
 __all__ = ["BACKENDS", "POSTGRES_URL", "REDIS_URL", "drop_postgres_schema", "isolated_url"]
@@ -53,7 +59,7 @@ def short_tmp() -> Iterator[Path]:
 @pytest.fixture
 def unique() -> str:
     """A short name no other test uses (for key prefixes, schemas, topics)."""
-    return "t" + uuid.uuid4().hex[:12]
+    return unique_name()
 
 
 @pytest.fixture
@@ -82,3 +88,19 @@ def backend_url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> 
     yield target.isolated_url(unique, tmp_path)
     if target.cleanup is not None:
         target.cleanup(unique)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if its tests left keys on the shared Redis or schemas on the
+    shared PostgreSQL: every fixture must delete what it made there."""
+    if session.config.option.collectonly or not session.testscollected:
+        return
+    left = leftovers()
+    if left:
+        shown = ", ".join(left[:20]) + (f" and {len(left) - 20} more" if len(left) > 20 else "")
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"this run left {len(left)} names on the shared servers: {shown}"
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(message, red=True, bold=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

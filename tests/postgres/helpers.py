@@ -7,7 +7,6 @@ they live in this importable module rather than in a test file.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
@@ -15,6 +14,8 @@ import psycopg
 from psycopg import sql
 
 from tenure.backends.postgres import PostgresLeaseProvider
+
+from ..support.servers import unique_name
 
 # A fixed instant for the frozen clock: tests see only the offsets they add.
 _EPOCH = "2030-01-01 00:00:00+00"
@@ -51,7 +52,7 @@ def drop_schema(url: str, schema: str) -> None:
 
 
 def new_schema() -> str:
-    return f"tenure_test_{uuid.uuid4().hex[:12]}"
+    return f"tenure_test_{unique_name()}"
 
 
 def race_worker(
