@@ -284,3 +284,55 @@ async def test_bad_invocations_say_why(tmp_path: Path) -> None:
     assert "hunter2-secret" not in err
     code, err = await _finish(await _start("--ttl-ms", "5", "job", "--", "true", url=url))
     assert code == 2 and "--ttl-ms" in err
+
+
+# ``tenure run`` in a process of its own whose process start is wrapped: a
+# SIGTERM reaches it right after its command was started, before the start has
+# returned. No outside signal can be timed into that window (it is under a
+# millisecond, unless the machine is loaded), so the process sends it to itself.
+EARLY_SIGTERM = """\
+import asyncio, os, signal, sys
+from tenure._run import RunSettings, run_command
+
+real = asyncio.create_subprocess_exec
+
+async def start_then_sigterm(*args, **kwargs):
+    proc = await real(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.sleep(0.05)  # its handler, if any, runs before the start returns
+    return proc
+
+asyncio.create_subprocess_exec = start_then_sigterm
+sys.exit(run_command(RunSettings(key="job", command=sys.argv[2:], url=sys.argv[1])))
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_sigterm_while_the_command_starts_is_passed_on_once_it_started(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'tenure.db'}"
+    out = tmp_path / "out"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        EARLY_SIGTERM,
+        url,
+        sys.executable,
+        "-c",
+        COMMAND,
+        str(out),
+        "sleep",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    code, err = await _finish(proc)
+    # The command got the SIGTERM: it exited 0 if its handler was in place, or
+    # was ended by it (128 + 15) if it was still starting. tenure run itself was
+    # not ended by it (-15), and released the lease.
+    assert code in (0, 128 + signal.SIGTERM), (code, err)
+    async with tenure.from_url(url) as backend:
+        assert await backend.get_lease("job") is None

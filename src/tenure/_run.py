@@ -143,18 +143,34 @@ async def _supervise(settings: RunSettings, lease: HeldLease) -> int:
     argv = list(settings.command)
     if sys.platform == "linux":
         argv = [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), *argv]
-    try:
-        proc = await asyncio.create_subprocess_exec(*argv, env=env, start_new_session=True)
-    except FileNotFoundError:
-        _say(f"command not found: {settings.command[0]!r}")
-        return 127
-    except OSError as exc:
-        _say(f"cannot run {settings.command[0]!r}: {exc.strerror or exc}")
-        return 126
+    # The handlers go in before the command starts: a signal that arrives while
+    # it is being started (the command may already be running and telling others
+    # so) is kept and passed on once it has started, instead of ending this
+    # process with the command left behind.
+    started: list[asyncio.subprocess.Process] = []
+    early: list[int] = []
+
+    def forward(sig: int) -> None:
+        if started:
+            _signal_group(started[0], sig)
+        else:
+            early.append(sig)
+
     loop = asyncio.get_running_loop()
     for sig in _FORWARDED:
-        loop.add_signal_handler(sig, _signal_group, proc, sig)
+        loop.add_signal_handler(sig, forward, sig)
     try:
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, env=env, start_new_session=True)
+        except FileNotFoundError:
+            _say(f"command not found: {settings.command[0]!r}")
+            return 127
+        except OSError as exc:
+            _say(f"cannot run {settings.command[0]!r}: {exc.strerror or exc}")
+            return 126
+        started.append(proc)
+        for early_sig in early:
+            _signal_group(proc, early_sig)
         exited = asyncio.ensure_future(proc.wait())
         lost = asyncio.ensure_future(lease.lost.wait())
         # The renewer notices a loss on its own schedule; a look at the clock
