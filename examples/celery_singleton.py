@@ -52,6 +52,10 @@ app.conf.update(
     task_default_queue=f"{PREFIX}queue",
     broker_connection_retry_on_startup=True,
 )
+if BROKER_URL.startswith(("redis://", "rediss://")):
+    # Every key the broker writes (queues, bindings, the workers' control
+    # channel) under this run's prefix too, so nothing is left outside it.
+    app.conf.broker_transport_options = {"global_keyprefix": PREFIX}
 
 leases = tenure.sync.from_url(REDIS_URL, prefix=PREFIX, quarantine=False)
 store = redis.Redis.from_url(REDIS_URL)

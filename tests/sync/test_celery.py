@@ -62,6 +62,8 @@ class Worker(ExampleProcess):
         )
         celery: Any = importlib.import_module("celery")
         self.client = celery.Celery("client", broker=broker_url)
+        if broker_url.startswith("redis"):  # as the example's worker does
+            self.client.conf.broker_transport_options = {"global_keyprefix": prefix}
 
     def send(self, invoice: str, **kwargs: Any) -> None:
         self.client.send_task(
@@ -85,6 +87,7 @@ class Worker(ExampleProcess):
             with self.client.connection_for_write() as conn:
                 conn.default_channel.queue_delete(f"{self.prefix}queue")
         self.client.close()
+        # Ours and, on a Redis broker, the broker's (its global_keyprefix is ours).
         keys = list(self.redis.scan_iter(match=self.prefix.replace(":", "\\:") + "*"))
         if keys:
             self.redis.delete(*keys)
