@@ -91,6 +91,9 @@ class RedisLeases(RedisParts, LeaseCore):
             # A new connection may reach another server (a failover, a restart):
             # look at its marker before the first command.
             self._conn.pipe.on_connect = self._check_epoch_on
+        # Epoch markers this client has seen on the server (a grant or a refusal
+        # went through them): if one goes missing, state was lost (epoch.lua).
+        self._seen_markers: set[bytes] = set()
         # Local (event-loop clock) end of the last quarantine we were told about.
         self._quarantine_deadline = 0.0
         self._pubsub: Any = None
@@ -130,6 +133,8 @@ class RedisLeases(RedisParts, LeaseCore):
             await self._check_epoch(keys[2])
             reply = await self._eval(_ACQUIRE, keys, args)
         status = reply[0]
+        if status in (1, 2):
+            self._seen_markers.add(keys[2])
         if status == 1:
             if self._min_replicas:
                 await self._replicated(key, "grant", owner)
@@ -174,7 +179,13 @@ class RedisLeases(RedisParts, LeaseCore):
         if marker is None:
             marker = self._marker_of(self._p + b"{}")
         reply = await self._eval(
-            _EPOCH, (marker,), (self._quarantine_ms, b"1" if self._conn.durable else b"0")
+            _EPOCH,
+            (marker,),
+            (
+                self._quarantine_ms,
+                b"1" if self._conn.durable else b"0",
+                b"1" if marker in self._seen_markers else b"0",
+            ),
         )
         left, reason = int(reply[0]), reply[1].decode("utf-8")
         self._note_quarantine(left, reason)
@@ -183,7 +194,10 @@ class RedisLeases(RedisParts, LeaseCore):
     async def _check_epoch_on(self, conn: Any) -> None:
         """``epoch.lua`` on a new lease connection (``_Pipe.on_connect``)."""
         durable = b"1" if self._conn.durable else b"0"
-        await conn.send_command("EVAL", _EPOCH.body, 1, self._marker, self._quarantine_ms, durable)
+        seen = b"1" if self._marker in self._seen_markers else b"0"
+        await conn.send_command(
+            "EVAL", _EPOCH.body, 1, self._marker, self._quarantine_ms, durable, seen
+        )
         try:
             reply = await conn.read_response()
         except ResponseError:
