@@ -22,7 +22,17 @@ from .runner import RunConfig, RunResult, run
 from .threads.cli import add_parser as add_threads_parser
 from .threads.cli import cmd_threads
 
-BACKENDS = ["memory", "sqlite", "redis", "redis-aof", "redis-sentinel", "postgres", "etcd"]
+BACKENDS = [
+    "memory",
+    "sqlite",
+    "redis",
+    "redis-aof",
+    "redis-sentinel",
+    "redis-sentinel-min-replicas",
+    "redis-cluster",
+    "postgres",
+    "etcd",
+]
 
 
 def _config(ns: argparse.Namespace, **over: object) -> RunConfig:
