@@ -76,6 +76,13 @@ class RunResult:
     integrity: str | None
     workdir: str
     notes: list[str] = field(default_factory=list)
+    # Acquires that returned: granted, refused as held by another owner, refused
+    # by a quarantine (no owner named: the server may have lost leases).
+    acquires: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def grants(self) -> int:
+        return self.acquires.get("granted", 0)
 
     @property
     def violations(self) -> int:
@@ -118,7 +125,9 @@ class RunResult:
             f"{faults} faults ({kinds}), {viol}; "
             f"{100 * r.passed / n:.1f}% of per-key histories fully checked, "
             f"{100 * r.unknown / n:.1f}% unknown; {counter}; {tk}; "
-            f"acquire sweep {'ok' if self.sweep_ok else 'FAILED'}"
+            f"acquire sweep {'ok' if self.sweep_ok else 'FAILED'}; "
+            f"acquires: {self.grants} granted, {self.acquires.get('held', 0)} refused as held, "
+            f"{self.acquires.get('quarantine', 0)} refused by a quarantine"
             + (f"; SQLite integrity_check {self.integrity}" if self.integrity else "")
         )
 
@@ -940,6 +949,13 @@ async def run(rc: RunConfig) -> RunResult:
         state_loss=env.state_loss if env else (),
     )
     takeover = _takeovers(ops, injector.kills if injector else [], cfg)
+    acquires = {"granted": 0, "held": 0, "quarantine": 0}
+    for o in ops:
+        if o.op == "acquire" and o.type == "ok" and o.process != "sweep":
+            got = o.result
+            acquires[
+                "granted" if got["acquired"] else "held" if got.get("owner") else "quarantine"
+            ] += 1
     result = RunResult(
         config=rc,
         report=report,
@@ -954,6 +970,7 @@ async def run(rc: RunConfig) -> RunResult:
         integrity=integrity,
         workdir=str(workdir),
         notes=notes,
+        acquires=acquires,
     )
     (workdir / "result.json").write_text(
         json.dumps(
