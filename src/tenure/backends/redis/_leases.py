@@ -13,13 +13,14 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
+from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from ..._contract import AcquireResult, LeaseRecord
 from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore
-from ._connection import RedisParts, _tag, load_script, slot_tag
+from ._connection import RedisParts, _slot_tags, _tag, load_script, slot_tag
 
 __all__ = ["RedisLeases"]
 
@@ -130,7 +131,9 @@ class RedisLeases(RedisParts, LeaseCore):
         reply = await self._eval(_ACQUIRE, keys, args)
         if reply[0] == 3:
             # No marker, or keys were evicted: decide, record, and ask again.
-            await self._check_epoch(keys[2])
+            left, reason = await self._check_epoch(keys[2])
+            if left and reason and self._conn.cluster:
+                await self._quarantine_node(lease)
             reply = await self._eval(_ACQUIRE, keys, args)
         status = reply[0]
         if status in (1, 2):
@@ -190,6 +193,35 @@ class RedisLeases(RedisParts, LeaseCore):
         left, reason = int(reply[0]), reply[1].decode("utf-8")
         self._note_quarantine(left, reason)
         return left, reason
+
+    async def _quarantine_node(self, lease: bytes) -> None:
+        """On a cluster, after ``lease``'s slot was found to have lost state: run
+        the epoch check on the prefix's marker of every other slot of the same
+        primary, all written at once (best effort).
+
+        Markers are per slot, so each slot of a promoted (or restarted, or
+        flushed) node would otherwise start its own quarantine at its own first
+        grant, one ``max_ttl_ms`` after another. The loss happened before now
+        for every slot of the node alike, so one quarantine from now covers
+        them all: later first grants in those slots find it over.
+        """
+        with contextlib.suppress(BackendUnavailable):
+            # A failover moved many slots: learn them (a MOVED reply updates one).
+            with self._conn.driver_errors:
+                await self._client.nodes_manager.initialize()
+            slots = self._client.nodes_manager.slots_cache
+            owner = slots.get(key_slot(lease))
+            if not owner:
+                return
+            tags = _slot_tags()
+            markers = [
+                self._p + b"{" + tags[slot] + b"}:" + _MARKER
+                for slot, nodes in slots.items()
+                if nodes and nodes[0].name == owner[0].name and slot != key_slot(lease)
+            ]
+            await self._conn.eval_per_key(
+                _EPOCH, markers, (self._quarantine_ms, b"1" if self._conn.durable else b"0", b"0")
+            )
 
     async def _check_epoch_on(self, conn: Any) -> None:
         """``epoch.lua`` on a new lease connection (``_Pipe.on_connect``)."""
