@@ -377,9 +377,11 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         self._closed = True
         subs = self._take_subs()
         listener = self._cancel_listener()
+        sweep = self._cancel_node_sweep()
         await asyncio.gather(*(self._stop(sub) for sub in subs))
-        if listener is not None:
-            await asyncio.gather(listener, return_exceptions=True)
+        tasks = [t for t in (listener, sweep) if t is not None]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         self._waiters.wake_all()
         await self._retire_all(subs)
         await self._conn.aclose(close_client=self._owns_client)

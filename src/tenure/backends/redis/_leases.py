@@ -99,6 +99,8 @@ class RedisLeases(RedisParts, LeaseCore):
         self._quarantine_deadline = 0.0
         self._pubsub: Any = None
         self._listener: asyncio.Task[None] | None = None
+        # A cluster node's slots being put in quarantine together (_quarantine_node).
+        self._node_sweep: asyncio.Task[None] | None = None
         self._listen_lock = asyncio.Lock()
 
     def _lease_key(self, key: str) -> tuple[bytes, bytes]:
@@ -133,7 +135,7 @@ class RedisLeases(RedisParts, LeaseCore):
             # No marker, or keys were evicted: decide, record, and ask again.
             left, reason = await self._check_epoch(keys[2])
             if left and reason and self._conn.cluster:
-                await self._quarantine_node(lease)
+                self._start_node_quarantine(lease)
             reply = await self._eval(_ACQUIRE, keys, args)
         status = reply[0]
         if status in (1, 2):
@@ -194,6 +196,14 @@ class RedisLeases(RedisParts, LeaseCore):
         self._note_quarantine(left, reason)
         return left, reason
 
+    def _start_node_quarantine(self, lease: bytes) -> None:
+        """Run :meth:`_quarantine_node` in the background (one at a time): it
+        writes thousands of markers, which must not hold up the refusal."""
+        if self._node_sweep is None or self._node_sweep.done():
+            self._node_sweep = asyncio.get_running_loop().create_task(
+                self._quarantine_node(lease), name=f"tenure-redis-quarantine-{self._instance}"
+            )
+
     async def _quarantine_node(self, lease: bytes) -> None:
         """On a cluster, after ``lease``'s slot was found to have lost state: run
         the epoch check on the prefix's marker of every other slot of the same
@@ -205,7 +215,7 @@ class RedisLeases(RedisParts, LeaseCore):
         for every slot of the node alike, so one quarantine from now covers
         them all: later first grants in those slots find it over.
         """
-        with contextlib.suppress(BackendUnavailable):
+        try:
             # A failover moved many slots: learn them (a MOVED reply updates one).
             with self._conn.driver_errors:
                 await self._client.nodes_manager.initialize()
@@ -222,6 +232,8 @@ class RedisLeases(RedisParts, LeaseCore):
             await self._conn.eval_per_key(
                 _EPOCH, markers, (self._quarantine_ms, b"1" if self._conn.durable else b"0", b"0")
             )
+        except Exception as exc:  # best effort: each slot still checks at its first grant
+            logger.info("quarantining every slot of a Redis Cluster node failed: %r", exc)
 
     async def _check_epoch_on(self, conn: Any) -> None:
         """``epoch.lua`` on a new lease connection (``_Pipe.on_connect``)."""
@@ -442,6 +454,13 @@ class RedisLeases(RedisParts, LeaseCore):
             if self._pubsub is pubsub:
                 self._pubsub = None
             await self._close_pubsub(pubsub)
+
+    def _cancel_node_sweep(self) -> asyncio.Task[None] | None:
+        """Stop a node quarantine under way (closing): the task to await, if any."""
+        sweep, self._node_sweep = self._node_sweep, None
+        if sweep is not None:
+            sweep.cancel()
+        return sweep
 
     def _cancel_listener(self) -> asyncio.Task[None] | None:
         """Stop listening (closing): the task to await, if there was one."""
