@@ -299,14 +299,28 @@ class SqliteEnv(Env):
 
 
 class RedisEnv(Env):
-    def __init__(self, persistence: bool) -> None:
+    """One Redis behind the fault proxy.
+
+    ``clock=True`` runs it under ``clockshift.c`` and adds two faults that are
+    not in the default set (ask for them with ``fault_kinds``):
+    ``redis-clock-back`` steps the server's wall clock back 1 s (leases last
+    longer in real time, never shorter; tokens keep increasing through their
+    counters) and ``redis-clock-forward`` steps it 1 s forward, past every TTL
+    of the run: every live lease ends at once, so a second owner is granted
+    while the first still holds its lease. That is not detected (the class
+    docstring of the Redis backend says so); P1 is expected to break, fencing
+    (P4) must hold.
+    """
+
+    def __init__(self, persistence: bool, *, clock: bool = False) -> None:
         super().__init__()
         self.persistence = persistence
+        self.clock = clock
 
     async def start(self, workdir: Path, label: str) -> None:
         from tests.support.redis_server import RedisServer
 
-        self.server = RedisServer(persistence=self.persistence)
+        self.server = RedisServer(persistence=self.persistence, shifted_clock=self.clock)
         await asyncio.to_thread(self.server.start)
         self.proxy = await Proxy("127.0.0.1", self.server.port).start()
         self.url = (
@@ -334,14 +348,22 @@ class RedisEnv(Env):
         async def script_flush() -> None:
             await asyncio.to_thread(srv.command, "SCRIPT", "FLUSH")
 
-        self.server_faults = ServerFaults(
-            {
-                "redis-pause": (pause, resume),
-                "redis-kill-restart": (kill_restart, None),
-                "redis-client-kill": (client_kill, None),
-                "redis-script-flush": (script_flush, None),
-            }
-        )
+        async def clock_back() -> None:
+            srv.step_clock(-1.0)
+
+        async def clock_forward() -> None:
+            srv.step_clock(1.0)
+
+        actions: dict[str, Any] = {
+            "redis-pause": (pause, resume),
+            "redis-kill-restart": (kill_restart, None),
+            "redis-client-kill": (client_kill, None),
+            "redis-script-flush": (script_flush, None),
+        }
+        if self.clock:
+            actions["redis-clock-back"] = (clock_back, None)
+            actions["redis-clock-forward"] = (clock_forward, None)
+        self.server_faults = ServerFaults(actions)
         self.kinds = [
             *CLIENT_FAULTS,
             *CLIENT_FAULTS,
@@ -740,10 +762,11 @@ class EtcdEnv(Env):
 def _env(kind: str, rnd: random.Random, rc: RunConfig) -> Env:
     if kind == "sqlite":
         return SqliteEnv()
+    clock = any(k.startswith("redis-clock-") for k in rc.fault_kinds or ())
     if kind == "redis":
-        return RedisEnv(persistence=False)
+        return RedisEnv(persistence=False, clock=clock)
     if kind == "redis-aof":
-        return RedisEnv(persistence=True)
+        return RedisEnv(persistence=True, clock=clock)
     if kind == "redis-sentinel":
         return RedisSentinelEnv(gap_s=rc.failover_gap_s)
     if kind == "redis-sentinel-min-replicas":
