@@ -22,7 +22,17 @@ from .runner import RunConfig, RunResult, run
 from .threads.cli import add_parser as add_threads_parser
 from .threads.cli import cmd_threads
 
-BACKENDS = ["memory", "sqlite", "redis", "redis-aof", "redis-sentinel", "postgres", "etcd"]
+BACKENDS = [
+    "memory",
+    "sqlite",
+    "redis",
+    "redis-aof",
+    "redis-sentinel",
+    "redis-sentinel-min-replicas",
+    "redis-cluster",
+    "postgres",
+    "etcd",
+]
 
 
 def _config(ns: argparse.Namespace, **over: object) -> RunConfig:
@@ -34,6 +44,7 @@ def _config(ns: argparse.Namespace, **over: object) -> RunConfig:
         counter_clients=ns.counter_clients,
         ttl_ms=ns.ttl_ms,
         faults=not ns.no_faults,
+        fault_kinds=ns.faults,
         workdir=ns.workdir,
         check_budget=ns.budget,
     )
@@ -103,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--counter-clients", type=int, default=4)
         p.add_argument("--ttl-ms", type=int, default=300)
         p.add_argument("--no-faults", action="store_true")
+        p.add_argument(
+            "--faults",
+            nargs="+",
+            default=None,
+            metavar="KIND",
+            help="only these fault kinds (repeat one to weight it); e.g. redis-clock-back "
+            "and redis-clock-forward on redis/redis-aof, which are not in the default set",
+        )
         p.add_argument("--workdir", default=None)
         p.add_argument("--budget", type=int, default=100_000, help="WGL configurations per key")
         if name == "controls":

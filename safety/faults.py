@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from .proxy import Proxy
@@ -63,6 +64,7 @@ class FaultInjector:
         proxy: Proxy | None = None,
         server: ServerFaults | None = None,
         interval_s: tuple[float, float] = (0.1, 0.4),
+        log: Path | None = None,
     ) -> None:
         self.rnd = rnd
         self.ttl = ttl_ms / 1000
@@ -78,6 +80,13 @@ class FaultInjector:
         self._net_busy = False
         self._server_busy = False
         self._undo: list[Callable[[], Awaitable[None]]] = []
+        # One line per fault: monotonic ns, kind, what happened (for a reader of
+        # a failed run: which fault was active when the violation happened).
+        self._log = log.open("a", buffering=1) if log is not None else None
+
+    def _note(self, kind: str, what: str) -> None:
+        if self._log is not None:
+            self._log.write(f"{time.monotonic_ns()} {kind} {what}\n")
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
@@ -101,6 +110,7 @@ class FaultInjector:
             self._stopped.add(victim)
             self.clients.stop(victim)
             self.counts[kind] += 1
+            self._note(kind, victim)
             self._spawn(self._resume_later(victim, rnd.uniform(1.5, 3.0) * self.ttl))
         elif kind == "client-kill":
             cands = [n for n in self.clients.running() if n not in self._stopped]
@@ -109,6 +119,7 @@ class FaultInjector:
             victim = rnd.choice(cands)
             self.kills.append((time.monotonic_ns(), victim))
             self.counts[kind] += 1
+            self._note(kind, victim)
             await self.clients.kill_and_replace(victim)
         elif kind.startswith("proxy-"):
             if self.proxy is None or self._net_busy:
@@ -116,12 +127,14 @@ class FaultInjector:
             self._net_busy = True
             self.proxy.set_mode(kind.removeprefix("proxy-"))
             self.counts[kind] += 1
+            self._note(kind, "on")
             self._spawn(self._heal_proxy_later(rnd.uniform(0.5, 2.0) * self.ttl))
         else:
             inject, undo = self.server.actions[kind]
             if self._server_busy:
                 return
             self._server_busy = True
+            self._note(kind, "start")
             try:
                 await inject()
             except Exception as exc:
@@ -129,8 +142,10 @@ class FaultInjector:
                 # admin command): count it apart, never as an injected fault.
                 self._server_busy = False
                 self.counts[f"{kind} (not injected: {type(exc).__name__})"] += 1
+                self._note(kind, f"failed {type(exc).__name__}: {exc}".replace("\n", " "))
                 return
             self.counts[kind] += 1
+            self._note(kind, "done")
             if undo is None:
                 self._server_busy = False
             else:
@@ -170,6 +185,10 @@ class FaultInjector:
         self._undo.clear()
         if self.proxy is not None:
             self.proxy.set_mode("pass")
+        self._note("heal", "all")
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def summary(self) -> dict[str, Any]:
         return dict(sorted(self.counts.items()))

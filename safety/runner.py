@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -43,7 +44,7 @@ PROXY_FAULTS = ["proxy-blackhole", "proxy-reset", "proxy-drop-reply"]
 
 @dataclass
 class RunConfig:
-    backend: str  # memory | sqlite | redis | redis-aof | redis-sentinel | postgres | etcd
+    backend: str  # one of safety.__main__.BACKENDS
     duration_s: float = 30.0
     seed: int = 1
     lease_clients: int = 12
@@ -57,6 +58,7 @@ class RunConfig:
     op_timeout_s: float = 2.0
     check_budget: int = 200_000
     fault_kinds: list[str] | None = None  # None: every kind the backend supports
+    failover_gap_s: float = 0.0  # Sentinel: no server fault this long after a failover
 
 
 @dataclass
@@ -74,6 +76,13 @@ class RunResult:
     integrity: str | None
     workdir: str
     notes: list[str] = field(default_factory=list)
+    # Acquires that returned: granted, refused as held by another owner, refused
+    # by a quarantine (no owner named: the server may have lost leases).
+    acquires: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def grants(self) -> int:
+        return self.acquires.get("granted", 0)
 
     @property
     def violations(self) -> int:
@@ -116,7 +125,9 @@ class RunResult:
             f"{faults} faults ({kinds}), {viol}; "
             f"{100 * r.passed / n:.1f}% of per-key histories fully checked, "
             f"{100 * r.unknown / n:.1f}% unknown; {counter}; {tk}; "
-            f"acquire sweep {'ok' if self.sweep_ok else 'FAILED'}"
+            f"acquire sweep {'ok' if self.sweep_ok else 'FAILED'}; "
+            f"acquires: {self.grants} granted, {self.acquires.get('held', 0)} refused as held, "
+            f"{self.acquires.get('quarantine', 0)} refused by a quarantine"
             + (f"; SQLite integrity_check {self.integrity}" if self.integrity else "")
         )
 
@@ -143,7 +154,8 @@ class ProcessPool:
         self._gen += 1
         name = f"{workload[0]}{slot}-{self._gen}"
         cfg = self._make(name, workload, slot)
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        # The runner's own tree, never an installed tenure: src first.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
         with (Path(cfg.workdir) / f"{name}.stderr").open("wb") as err:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "safety.client", "--config", config_json(cfg)],
@@ -287,14 +299,28 @@ class SqliteEnv(Env):
 
 
 class RedisEnv(Env):
-    def __init__(self, persistence: bool) -> None:
+    """One Redis behind the fault proxy.
+
+    ``clock=True`` runs it under ``clockshift.c`` and adds two faults that are
+    not in the default set (ask for them with ``fault_kinds``):
+    ``redis-clock-back`` steps the server's wall clock back 1 s (leases last
+    longer in real time, never shorter; tokens keep increasing through their
+    counters) and ``redis-clock-forward`` steps it 1 s forward, past every TTL
+    of the run: every live lease ends at once, so a second owner is granted
+    while the first still holds its lease. That is not detected (the class
+    docstring of the Redis backend says so); P1 is expected to break, fencing
+    (P4) must hold.
+    """
+
+    def __init__(self, persistence: bool, *, clock: bool = False) -> None:
         super().__init__()
         self.persistence = persistence
+        self.clock = clock
 
     async def start(self, workdir: Path, label: str) -> None:
         from tests.support.redis_server import RedisServer
 
-        self.server = RedisServer(persistence=self.persistence)
+        self.server = RedisServer(persistence=self.persistence, shifted_clock=self.clock)
         await asyncio.to_thread(self.server.start)
         self.proxy = await Proxy("127.0.0.1", self.server.port).start()
         self.url = (
@@ -322,14 +348,22 @@ class RedisEnv(Env):
         async def script_flush() -> None:
             await asyncio.to_thread(srv.command, "SCRIPT", "FLUSH")
 
-        self.server_faults = ServerFaults(
-            {
-                "redis-pause": (pause, resume),
-                "redis-kill-restart": (kill_restart, None),
-                "redis-client-kill": (client_kill, None),
-                "redis-script-flush": (script_flush, None),
-            }
-        )
+        async def clock_back() -> None:
+            srv.step_clock(-1.0)
+
+        async def clock_forward() -> None:
+            srv.step_clock(1.0)
+
+        actions: dict[str, Any] = {
+            "redis-pause": (pause, resume),
+            "redis-kill-restart": (kill_restart, None),
+            "redis-client-kill": (client_kill, None),
+            "redis-script-flush": (script_flush, None),
+        }
+        if self.clock:
+            actions["redis-clock-back"] = (clock_back, None)
+            actions["redis-clock-forward"] = (clock_forward, None)
+        self.server_faults = ServerFaults(actions)
         self.kinds = [
             *CLIENT_FAULTS,
             *CLIENT_FAULTS,
@@ -348,6 +382,11 @@ class RedisEnv(Env):
 class RedisSentinelEnv(Env):
     """Redis run by Sentinel: a master, a replica, three sentinels, no persistence.
 
+    ``min_replicas=1`` (the ``redis-sentinel-min-replicas`` backend) has the
+    clients' backend ``WAIT`` for the replica after every grant, transfer and
+    renewal. ``gap_s`` keeps other server faults out for that long after a
+    failover (the new replica has time to sync and grants to happen).
+
     ``sentinel-failover`` kills the master (SIGKILL), waits until the sentinels
     have promoted the replica, then starts the dead server again, empty, as the
     new master's replica (so the next failover has one). Replication is
@@ -357,6 +396,11 @@ class RedisSentinelEnv(Env):
     it with a quarantine).
     """
 
+    def __init__(self, *, min_replicas: int = 0, gap_s: float = 0.0) -> None:
+        super().__init__()
+        self.min_replicas = min_replicas
+        self.gap_s = gap_s
+
     async def start(self, workdir: Path, label: str) -> None:
         from tests.support.redis_server import RedisSentinels
 
@@ -365,6 +409,7 @@ class RedisSentinelEnv(Env):
         self.url = (
             f"{self.group.url}?prefix={label}:&max_ttl_ms=2000"
             "&socket_timeout=1.5&socket_connect_timeout=1.5"
+            + (f"&min_replicas={self.min_replicas}" if self.min_replicas else "")
         )
         self.max_ttl_s = 8.0
         group = self.group
@@ -377,15 +422,208 @@ class RedisSentinelEnv(Env):
 
         async def sentinel_failover() -> None:
             start = time.monotonic_ns()
-            await asyncio.to_thread(failover)
-            self.state_loss.append((start, time.monotonic_ns()))
+            try:
+                await asyncio.to_thread(failover)
+            finally:
+                # The master was killed even if the failover then failed: the
+                # writes it had not replicated may be gone either way.
+                self.state_loss.append((start, time.monotonic_ns()))
 
-        self.server_faults = ServerFaults({"sentinel-failover": (sentinel_failover, None)})
+        async def gap() -> None:
+            await asyncio.sleep(self.gap_s)
+
+        self.server_faults = ServerFaults(
+            {"sentinel-failover": (sentinel_failover, gap if self.gap_s else None)}
+        )
         self.kinds = [*CLIENT_FAULTS, *CLIENT_FAULTS, "sentinel-failover"]
 
     async def close(self) -> None:
         await super().close()
         await asyncio.to_thread(self.group.close)
+
+
+class RedisClusterEnv(Env):
+    """A Redis Cluster of three primaries and three replicas, no persistence.
+
+    Faults (one server fault at a time, like the others):
+
+    - ``cluster-failover``: SIGKILL a primary, wait until its replica is promoted
+      and every node says ``cluster_state:ok``, then start the dead node again
+      (empty, with its ``nodes.conf``: it rejoins as the new primary's replica).
+      Asynchronous replication may lose the last writes: a state-loss window.
+    - ``cluster-manual-failover``: ``CLUSTER FAILOVER`` on a replica (its primary
+      stops writes until the replica caught up: nothing lost, unless it fails).
+    - ``cluster-pause``: SIGSTOP a node (primary or replica) for 1-2 TTLs.
+    - ``cluster-migrate``: move a slot holding lease keys to another primary
+      (``SETSLOT IMPORTING``/``MIGRATING``, ``MIGRATE`` of its keys, ``SETSLOT
+      NODE``), as ``redis-cli --cluster reshard`` does.
+    - ``redis-client-kill`` (``CLIENT KILL TYPE normal``) and
+      ``redis-script-flush`` on every primary.
+
+    A fault that fails half-way is recorded as a state-loss window too (a
+    failover that did not complete, a migration that stopped with keys on two
+    nodes). P1 gets no allowance.
+    """
+
+    def __init__(self, rnd: random.Random) -> None:
+        super().__init__()
+        self.rnd = rnd
+
+    async def start(self, workdir: Path, label: str) -> None:
+        from tests.support.redis_server import ClusterServers
+
+        cluster = self.cluster = ClusterServers(masters=3, replicas=1)
+        await asyncio.to_thread(cluster.__enter__)
+        self.url = (
+            f"{cluster.url}?prefix={label}:&max_ttl_ms=2000"
+            "&socket_timeout=1.5&socket_connect_timeout=1.5"
+        )
+        self.max_ttl_s = 8.0
+        pattern = f"{label}:{{*}}:*"
+        paused: list[Any] = []
+
+        def wait(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+            deadline = time.monotonic() + timeout
+            while True:
+                with contextlib.suppress(Exception):
+                    if check():
+                        return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"timed out waiting for {what}")
+                time.sleep(0.05)
+
+        def healthy() -> bool:
+            return all(cluster._ok(s) for s in cluster.servers if s.running)
+
+        def role(server: Any) -> str:
+            return str(server.command("INFO", "replication").get("role"))
+
+        def synced(server: Any) -> bool:
+            info = server.command("INFO", "replication")
+            return bool(info.get("role") == "slave" and info.get("master_link_status") == "up")
+
+        def restart_empty(server: Any) -> None:
+            """Start a killed node again without its data but with its nodes.conf."""
+            for entry in server.dir.iterdir():
+                if entry.name.endswith((".rdb", ".aof")) or entry.name == "appendonlydir":
+                    if entry.is_dir():
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink()
+            server.start()
+
+        def kill_failover() -> None:
+            old = self.rnd.choice(cluster.primaries())
+            new = cluster.replica_of(old)
+            old.kill()
+            try:
+                wait(lambda: role(new) == "master" and healthy(), "the replica's promotion")
+            finally:
+                restart_empty(old)
+                wait(lambda: synced(old), "the old primary to rejoin as a replica")
+                wait(healthy, "cluster_state:ok")
+
+        def manual_failover() -> None:
+            primary = self.rnd.choice(cluster.primaries())
+            replica = cluster.replica_of(primary)
+            replica.command("CLUSTER", "FAILOVER")
+            wait(lambda: role(replica) == "master" and healthy(), "the manual failover", 15.0)
+            wait(lambda: synced(primary), "the old primary to follow", 15.0)
+
+        def migrate() -> None:
+            from redis.crc import key_slot
+
+            primaries = cluster.primaries()
+            self.rnd.shuffle(primaries)
+            for source in primaries:
+                keys = source.command("SCAN", 0, "MATCH", pattern, "COUNT", 1000)[1]
+                if keys:
+                    break
+            else:
+                raise RuntimeError("no key of the run to migrate")
+            # A slot with a lease in it if there is one (else a token or marker).
+            leases = [k for k in keys if k.endswith(b":lease")]
+            slot = key_slot(self.rnd.choice(leases or keys))
+            target = self.rnd.choice([p for p in primaries if p is not source])
+            source_id = source.command("CLUSTER", "MYID")
+            target_id = target.command("CLUSTER", "MYID")
+            target.command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            source.command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            try:
+                while found := source.command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                    source.command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *found)
+            finally:
+                for server in [
+                    target,
+                    source,
+                    *(p for p in primaries if p not in (source, target)),
+                ]:
+                    server.command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+                wait(healthy, "cluster_state:ok")
+
+        def recorded(action: Callable[[], None], *, loses: bool) -> Callable[[], Any]:
+            async def go() -> None:
+                start = time.monotonic_ns()
+                ok = False
+                try:
+                    await asyncio.to_thread(action)
+                    ok = True
+                finally:
+                    if loses or not ok:
+                        self.state_loss.append((start, time.monotonic_ns()))
+
+            return go
+
+        async def pause() -> None:
+            node = self.rnd.choice([s for s in cluster.servers if s.running])
+            node.pause()
+            paused.append(node)
+
+        async def resume() -> None:
+            while paused:
+                with contextlib.suppress(Exception):
+                    paused.pop().resume()
+
+        def on_primaries(*command: str) -> Callable[[], None]:
+            def go() -> None:
+                for primary in cluster.primaries():
+                    primary.command(*command)
+
+            return go
+
+        self.server_faults = ServerFaults(
+            {
+                "cluster-failover": (recorded(kill_failover, loses=True), None),
+                "cluster-manual-failover": (recorded(manual_failover, loses=False), None),
+                "cluster-pause": (pause, resume),
+                "cluster-migrate": (recorded(migrate, loses=False), None),
+                "redis-client-kill": (
+                    recorded(on_primaries("CLIENT", "KILL", "TYPE", "normal"), loses=False),
+                    None,
+                ),
+                "redis-script-flush": (
+                    recorded(on_primaries("SCRIPT", "FLUSH"), loses=False),
+                    None,
+                ),
+            }
+        )
+        self.kinds = [
+            *CLIENT_FAULTS,
+            *CLIENT_FAULTS,
+            "cluster-failover",
+            "cluster-manual-failover",
+            "cluster-pause",
+            "cluster-migrate",
+            "redis-client-kill",
+            "redis-script-flush",
+        ]
+
+    async def close(self) -> None:
+        await super().close()
+        for server in self.cluster.servers:
+            with contextlib.suppress(Exception):
+                server.resume()
+        await asyncio.to_thread(self.cluster.close)
 
 
 class PostgresEnv(Env):
@@ -521,15 +759,20 @@ class EtcdEnv(Env):
         await asyncio.to_thread(self.cluster.close)
 
 
-def _env(kind: str, rnd: random.Random) -> Env:
+def _env(kind: str, rnd: random.Random, rc: RunConfig) -> Env:
     if kind == "sqlite":
         return SqliteEnv()
+    clock = any(k.startswith("redis-clock-") for k in rc.fault_kinds or ())
     if kind == "redis":
-        return RedisEnv(persistence=False)
+        return RedisEnv(persistence=False, clock=clock)
     if kind == "redis-aof":
-        return RedisEnv(persistence=True)
+        return RedisEnv(persistence=True, clock=clock)
     if kind == "redis-sentinel":
-        return RedisSentinelEnv()
+        return RedisSentinelEnv(gap_s=rc.failover_gap_s)
+    if kind == "redis-sentinel-min-replicas":
+        return RedisSentinelEnv(min_replicas=1, gap_s=rc.failover_gap_s)
+    if kind == "redis-cluster":
+        return RedisClusterEnv(rnd)
     if kind == "postgres":
         return PostgresEnv(rnd)
     if kind == "etcd":
@@ -605,10 +848,13 @@ async def _sweep(
                 if typ == "ok" and res.acquired:
                     await sweeper.lease(key, "release", owner="sweep")
                     break
-                if time.monotonic() > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     failed.append(key)
                     break
-                await asyncio.sleep(0.05)
+                # A quarantine says how long it lasts: asking sooner is wasted.
+                retry = getattr(res, "retry_after_ms", None) if typ == "ok" else None
+                await asyncio.sleep(min(left, max(0.05, (retry or 0) / 1000)))
     finally:
         sweeper.hist.close()
         await sweeper._reset_backend()
@@ -630,7 +876,7 @@ async def run(rc: RunConfig) -> RunResult:
         url = "memory://"
         kinds = ["client-pause", "client-pause", "client-kill"]
     else:
-        env = _env(rc.backend, rnd)
+        env = _env(rc.backend, rnd, rc)
         await env.start(workdir, label)
         url = env.url
         kinds = env.kinds
@@ -680,6 +926,7 @@ async def run(rc: RunConfig) -> RunResult:
                 kinds=rc.fault_kinds or kinds,
                 proxy=env.proxy if env else None,
                 server=env.server_faults if env else None,
+                log=workdir / "faults.log",
             )
             await injector.run(deadline)
             await injector.heal()
@@ -725,6 +972,13 @@ async def run(rc: RunConfig) -> RunResult:
         state_loss=env.state_loss if env else (),
     )
     takeover = _takeovers(ops, injector.kills if injector else [], cfg)
+    acquires = {"granted": 0, "held": 0, "quarantine": 0}
+    for o in ops:
+        if o.op == "acquire" and o.type == "ok" and o.process != "sweep":
+            got = o.result
+            acquires[
+                "granted" if got["acquired"] else "held" if got.get("owner") else "quarantine"
+            ] += 1
     result = RunResult(
         config=rc,
         report=report,
@@ -739,6 +993,7 @@ async def run(rc: RunConfig) -> RunResult:
         integrity=integrity,
         workdir=str(workdir),
         notes=notes,
+        acquires=acquires,
     )
     (workdir / "result.json").write_text(
         json.dumps(

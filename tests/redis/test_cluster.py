@@ -5,6 +5,7 @@ of the test's own)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +18,7 @@ from tenure.backends.redis import RedisClusterPubSub, RedisStreamsPubSub
 
 from ..support.redis_server import ClusterServers, RedisServer
 from .conftest import MakeBackend
+from .test_state_loss import wait_uptime
 
 SECRET = "cl-pw-9"
 TTL = 3000
@@ -127,3 +129,88 @@ async def test_flushall_on_one_node_quarantines_its_slots(
     refused = await backend.acquire_lease("k", "bob", TTL)
     assert not refused.acquired and refused.owner is None
     assert refused.retry_after_ms is not None and 0 < refused.retry_after_ms <= TTL + 100
+
+
+@pytest.mark.asyncio
+async def test_promoted_replica_without_the_prefixs_first_grant_quarantines(
+    make_backend: MakeBackend,
+) -> None:
+    """A slot's first grant writes the slot's epoch marker on its primary; the
+    primary dies before its replica got it, and the replica takes over. The
+    replica has no marker for the slot, has been up for long and was never
+    flushed: it used to grant the key again at once, while alice held it."""
+    max_ttl = 1500
+    with ClusterServers(replicas=1) as cluster:
+        await asyncio.to_thread(wait_uptime, *cluster.servers, seconds=3)  # uptime would do
+        holder = make_backend(cluster.url, max_ttl_ms=max_ttl)
+        lease = holder._lease_key("k")[0]
+        primary = cluster.node_of(lease)
+        replica = cluster.replica_of(primary)
+        # The replica misses the grant: stopped, its link cut, then the primary dies.
+        replica.pause()
+        try:
+            primary.command("CLIENT", "KILL", "TYPE", "replica")
+            granted = await holder.acquire_lease("k", "alice", max_ttl)
+            assert granted.acquired
+            primary.kill()
+        finally:
+            replica.resume()
+        replica.command("CLUSTER", "FAILOVER", "TAKEOVER")
+        deadline = time.monotonic() + 20
+        while cluster.node_of(lease) is not replica:
+            assert time.monotonic() < deadline, "the replica never took the slot over"
+            await asyncio.sleep(0.1)
+        assert replica.command("EXISTS", lease) == 0  # it never saw alice's grant
+        # Only live nodes as startup nodes: the dead primary's port may be reused.
+        live = ",".join(f"127.0.0.1:{s.port}" for s in cluster.servers if s.running)
+        contender = make_backend(f"redis+cluster://{live}", max_ttl_ms=max_ttl)
+        refused = await contender.acquire_lease("k", "bob", max_ttl)
+        assert not refused.acquired and refused.owner is None, refused
+        assert refused.retry_after_ms is not None and 0 < refused.retry_after_ms <= max_ttl + 100
+
+
+@pytest.mark.asyncio
+async def test_a_quarantine_on_a_promoted_node_covers_all_its_slots_at_once(
+    make_backend: MakeBackend,
+) -> None:
+    """Markers are per slot: each slot of a promoted node used to start its own
+    quarantine at its own first grant, so a key first used after one quarantine
+    ended was refused for another ``max_ttl_ms``. The first slot found in
+    quarantine now starts it on every slot of the node at once."""
+    max_ttl = 1500
+    with ClusterServers(replicas=1) as cluster:
+        await asyncio.to_thread(wait_uptime, *cluster.servers, seconds=3)
+        backend = make_backend(cluster.url, max_ttl_ms=max_ttl)
+        assert (await backend.acquire_lease("k", "alice", max_ttl)).acquired
+        await backend.release_lease("k", "alice")
+        primary = cluster.node_of(backend._lease_key("k")[0])
+        replica = cluster.replica_of(primary)
+        assert primary.command("WAIT", 1, 5000) == 1
+        # Graceful, nothing is lost. Redis drops a manual failover that does not
+        # complete within 5 s (it did under load): ask again.
+        deadline = time.monotonic() + 40
+        asked = 0.0
+        while cluster.node_of(backend._lease_key("k")[0]) is not replica:
+            assert time.monotonic() < deadline, "the manual failover did not happen"
+            if (
+                time.monotonic() - asked > 6
+                and replica.command("INFO", "replication")["role"] == "slave"
+            ):
+                replica.command("CLUSTER", "FAILOVER")
+                asked = time.monotonic()
+            await asyncio.sleep(0.1)
+        # The promoted node cannot tell what it missed: a quarantine.
+        refused = await backend.acquire_lease("k", "bob", max_ttl)
+        assert not refused.acquired and refused.retry_after_ms is not None, refused
+        fresh = next(
+            key
+            for key in (f"fresh-{i}" for i in range(10_000))
+            if cluster.node_of(backend._lease_key(key)[0]) is replica
+        )
+        sweep = backend._node_sweep  # the node's other slots, in the background
+        if sweep is not None:
+            await sweep
+        await asyncio.sleep((max_ttl + max_ttl // 100 + 200) / 1000)
+        # A slot of the same node never used before: its quarantine is over too.
+        granted = await backend.acquire_lease(fresh, "bob", max_ttl)
+        assert granted.acquired, granted

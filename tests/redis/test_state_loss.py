@@ -119,6 +119,48 @@ async def test_promoted_replica_without_the_last_grant_quarantines(
 
 
 @pytest.mark.asyncio
+async def test_promoted_replica_without_the_prefixs_first_grant_quarantines(
+    make_backend: MakeBackend,
+) -> None:
+    """The first grant of a prefix writes its epoch marker; a replica promoted
+    before it received that grant has no marker at all. A missing marker used
+    to mean "never used here" on a server up for long: the grant was given again
+    at once while alice still held the key."""
+    with (
+        RedisServer() as master,
+        RedisServer(args=["--replica-read-only", "yes"]) as replica,
+    ):
+        replica.replicate(master)
+        wait_uptime(master, replica, seconds=3)  # uptime alone would grant at once
+        replica.command("REPLICAOF", "127.0.0.1", "1")  # cut off, keeps its (empty) data
+        old = make_backend(master.url, max_ttl_ms=MAX_TTL)
+        granted = await old.acquire_lease("k", "alice", MAX_TTL)
+        assert granted.acquired
+        master.kill()
+        replica.command("REPLICAOF", "NO", "ONE")  # a manual failover
+        new = make_backend(replica.url, max_ttl_ms=MAX_TTL)
+        refused = await new.acquire_lease("k", "bob", MAX_TTL)
+        assert refused_for_now(refused), refused
+        assert refused_for_now(await new.acquire_lease("other", "bob", MAX_TTL))
+
+
+@pytest.mark.asyncio
+async def test_a_marker_gone_under_a_client_that_saw_it_quarantines(
+    aged: RedisServer, make_backend: MakeBackend
+) -> None:
+    """A server that shows no sign of loss (up for long, never promoted, no
+    flush, no eviction) but lacks a marker this client has seen: the client
+    knows the prefix was used there, so the lease state went missing."""
+    backend = make_backend(aged.url, max_ttl_ms=MAX_TTL)
+    assert (await backend.acquire_lease("k", "alice", MAX_TTL)).acquired
+    aged.command("DEL", "tenure:epoch", "tenure:{k}:lease")  # lost without a trace
+    assert refused_for_now(await backend.acquire_lease("k", "bob", MAX_TTL))
+    # A client that never saw the marker cannot tell (documented as not detected).
+    other = make_backend(aged.url, max_ttl_ms=MAX_TTL, prefix="tenure-other:")
+    assert (await other.acquire_lease("k", "bob", MAX_TTL)).acquired
+
+
+@pytest.mark.asyncio
 async def test_crash_restart_from_an_older_snapshot_quarantines(make_backend: MakeBackend) -> None:
     """RDB persistence: the grant after the last snapshot is lost in a crash, the
     marker (older) survives. The server's new replication ID gives it away, even

@@ -486,13 +486,24 @@ class RedisSentinels(_Servers):
 
 
 class ClusterServers(_Servers):
-    """A Redis Cluster of ``masters`` primaries (no replicas), made with
-    ``redis-cli --cluster create``: ``url`` is tenure's ``redis+cluster://`` URL.
+    """A Redis Cluster of ``masters`` primaries, each with ``replicas`` replicas,
+    made with ``redis-cli --cluster create``: ``url`` is tenure's
+    ``redis+cluster://`` URL (its startup nodes are every server).
     """
 
-    def __init__(self, *, masters: int = 3, persistence: bool = False) -> None:
-        args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
-        self.servers = [RedisServer(persistence=persistence, args=args) for _ in range(masters)]
+    def __init__(
+        self,
+        *,
+        masters: int = 3,
+        replicas: int = 0,
+        persistence: bool = False,
+        node_timeout_ms: int = 2000,
+    ) -> None:
+        args = ["--cluster-enabled", "yes", "--cluster-node-timeout", str(node_timeout_ms)]
+        self.replicas = replicas
+        self.servers = [
+            RedisServer(persistence=persistence, args=args) for _ in range(masters * (1 + replicas))
+        ]
         for server in self.servers:
             server.port = self._cluster_port()
 
@@ -522,12 +533,40 @@ class ClusterServers(_Servers):
             raise RuntimeError("redis-cli is not installed (it comes with redis-server)")
         nodes = [f"127.0.0.1:{s.port}" for s in self.servers]
         subprocess.run(
-            [cli, "--cluster", "create", *nodes, "--cluster-yes"],
+            [cli, "--cluster", "create", *nodes, "--cluster-yes"]
+            + (["--cluster-replicas", str(self.replicas)] if self.replicas else []),
             check=True,
             capture_output=True,
             timeout=timeout,
         )
         self._wait(lambda: all(self._ok(s) for s in self.servers), "cluster_state:ok", timeout)
+        if self.replicas:
+            self._wait(self._replicas_synced, "every replica to sync", timeout)
+
+    def _replicas_synced(self) -> bool:
+        infos = [s.command("INFO", "replication") for s in self.servers]
+        synced = [i for i in infos if i.get("role") == "slave"]
+        return len(synced) == len(self.servers) - len(self.servers) // (1 + self.replicas) and all(
+            i.get("master_link_status") == "up" for i in synced
+        )
+
+    def replica_of(self, primary: RedisServer) -> RedisServer:
+        """A replica of ``primary`` (by its own ``INFO replication``)."""
+        for server in self.servers:
+            if server is primary or not server.running:
+                continue
+            info = server.command("INFO", "replication")
+            if info.get("role") == "slave" and int(info.get("master_port", 0)) == primary.port:
+                return server
+        raise RuntimeError(f"no replica of the node on port {primary.port}")
+
+    def primaries(self) -> list[RedisServer]:
+        """The running servers that are primaries now."""
+        return [
+            s
+            for s in self.servers
+            if s.running and s.command("INFO", "replication").get("role") == "master"
+        ]
 
     @staticmethod
     def _ok(server: RedisServer) -> bool:
@@ -536,9 +575,10 @@ class ClusterServers(_Servers):
         return "cluster_state:ok" in text
 
     def node_of(self, key: bytes) -> RedisServer:
-        """The server that holds ``key``'s slot now (as the first server sees it)."""
+        """The server that holds ``key``'s slot now (as the first running server sees it)."""
         slot = key_slot(key)
-        for start, end, (_, port, *_), *_ in self.servers[0].command("CLUSTER", "SLOTS"):
+        first = next(s for s in self.servers if s.running)
+        for start, end, (_, port, *_), *_ in first.command("CLUSTER", "SLOTS"):
             if start <= slot <= end:
                 return self.server_at(int(port))
         raise RuntimeError(f"no node holds slot {slot}")

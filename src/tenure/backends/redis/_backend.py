@@ -53,10 +53,13 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     an eviction, ``lua/epoch.lua`` decides in one script and records the
     answer in the marker: lease state may have been lost, and grants are
     refused for ``max_ttl_ms`` (+1 %; after a restart, counted from the
-    server's start), when the marker is missing and the server started less
-    than that ago without ``appendfsync always``, or its clock is behind its
-    start time, or ``FLUSHALL``/``FLUSHDB`` ran since it started, or it has
-    evicted keys; when the marker's replication ID is not the server's and
+    server's start), when the marker is missing and this client saw it before
+    (it remembers every marker a grant of its went through), or the server was
+    promoted from a replica (``master_replid2`` set: a replica promoted before
+    the prefix's first grant reached it has no marker, while that grant may be
+    in use), or it started less than that ago without ``appendfsync always``,
+    or its clock is behind its start time, or ``FLUSHALL``/``FLUSHDB`` ran
+    since it started, or it has evicted keys; when the marker's replication ID is not the server's and
     the server was promoted from a replica (``master_replid2``), or restarted
     without ``appendfsync always``; when keys were evicted since the marker
     was written. Every new lease connection runs the same check before its
@@ -79,7 +82,8 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     throwaway server). A server up longer than ``max_ttl_ms`` with no sign of
     loss grants a new prefix at once.
 
-    *Not detected*: an operator's ``DEL`` of lease keys or of the marker; a
+    *Not detected*: an operator's ``DEL`` of lease keys, or of the marker
+    when the client that asks next never saw it; a
     ``FLUSHALL`` followed by a restart of a durable server within
     ``max_ttl_ms`` (the restart clears the command statistics), or
     ``CONFIG RESETSTAT`` after a flush (a reset eviction count is taken as a
@@ -373,9 +377,11 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         self._closed = True
         subs = self._take_subs()
         listener = self._cancel_listener()
+        sweep = self._cancel_node_sweep()
         await asyncio.gather(*(self._stop(sub) for sub in subs))
-        if listener is not None:
-            await asyncio.gather(listener, return_exceptions=True)
+        tasks = [t for t in (listener, sweep) if t is not None]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         self._waiters.wake_all()
         await self._retire_all(subs)
         await self._conn.aclose(close_client=self._owns_client)
@@ -406,6 +412,11 @@ class RedisClusterPubSub(RedisStreamsPubSub):
       acquire script compares the slot's marker with the node's replication ID
       on every new grant (one ``INFO replication`` more per new grant), so a
       failover inside the cluster is seen at the first grant in each slot.
+      Markers are per slot, so a promoted replica (``master_replid2`` set)
+      refuses the first grant of the prefix in *each* of its slots that has no
+      marker yet for ``max_ttl_ms``: it cannot tell "never used" from "the first
+      grant did not reach me". That costs availability after failovers (see
+      SAFETY.md, the ``redis-cluster`` soak).
     - Release wake-ups listen on a plain connection to one primary
       (``PUBLISH`` reaches every node).
     - ``scan_leases`` scans every primary in turn; a key whose slot migrates

@@ -13,13 +13,14 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
+from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from ..._contract import AcquireResult, LeaseRecord
 from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore
-from ._connection import RedisParts, _tag, load_script, slot_tag
+from ._connection import RedisParts, _slot_tags, _tag, load_script, slot_tag
 
 __all__ = ["RedisLeases"]
 
@@ -91,10 +92,15 @@ class RedisLeases(RedisParts, LeaseCore):
             # A new connection may reach another server (a failover, a restart):
             # look at its marker before the first command.
             self._conn.pipe.on_connect = self._check_epoch_on
+        # Epoch markers this client has seen on the server (a grant or a refusal
+        # went through them): if one goes missing, state was lost (epoch.lua).
+        self._seen_markers: set[bytes] = set()
         # Local (event-loop clock) end of the last quarantine we were told about.
         self._quarantine_deadline = 0.0
         self._pubsub: Any = None
         self._listener: asyncio.Task[None] | None = None
+        # A cluster node's slots being put in quarantine together (_quarantine_node).
+        self._node_sweep: asyncio.Task[None] | None = None
         self._listen_lock = asyncio.Lock()
 
     def _lease_key(self, key: str) -> tuple[bytes, bytes]:
@@ -127,9 +133,13 @@ class RedisLeases(RedisParts, LeaseCore):
         reply = await self._eval(_ACQUIRE, keys, args)
         if reply[0] == 3:
             # No marker, or keys were evicted: decide, record, and ask again.
-            await self._check_epoch(keys[2])
+            left, reason = await self._check_epoch(keys[2])
+            if left and reason and self._conn.cluster:
+                self._start_node_quarantine(lease)
             reply = await self._eval(_ACQUIRE, keys, args)
         status = reply[0]
+        if status in (1, 2):
+            self._seen_markers.add(keys[2])
         if status == 1:
             if self._min_replicas:
                 await self._replicated(key, "grant", owner)
@@ -174,16 +184,64 @@ class RedisLeases(RedisParts, LeaseCore):
         if marker is None:
             marker = self._marker_of(self._p + b"{}")
         reply = await self._eval(
-            _EPOCH, (marker,), (self._quarantine_ms, b"1" if self._conn.durable else b"0")
+            _EPOCH,
+            (marker,),
+            (
+                self._quarantine_ms,
+                b"1" if self._conn.durable else b"0",
+                b"1" if marker in self._seen_markers else b"0",
+            ),
         )
         left, reason = int(reply[0]), reply[1].decode("utf-8")
         self._note_quarantine(left, reason)
         return left, reason
 
+    def _start_node_quarantine(self, lease: bytes) -> None:
+        """Run :meth:`_quarantine_node` in the background (one at a time): it
+        writes thousands of markers, which must not hold up the refusal."""
+        if self._node_sweep is None or self._node_sweep.done():
+            self._node_sweep = asyncio.get_running_loop().create_task(
+                self._quarantine_node(lease), name=f"tenure-redis-quarantine-{self._instance}"
+            )
+
+    async def _quarantine_node(self, lease: bytes) -> None:
+        """On a cluster, after ``lease``'s slot was found to have lost state: run
+        the epoch check on the prefix's marker of every other slot of the same
+        primary, all written at once (best effort).
+
+        Markers are per slot, so each slot of a promoted (or restarted, or
+        flushed) node would otherwise start its own quarantine at its own first
+        grant, one ``max_ttl_ms`` after another. The loss happened before now
+        for every slot of the node alike, so one quarantine from now covers
+        them all: later first grants in those slots find it over.
+        """
+        try:
+            # A failover moved many slots: learn them (a MOVED reply updates one).
+            with self._conn.driver_errors:
+                await self._client.nodes_manager.initialize()
+            slots = self._client.nodes_manager.slots_cache
+            owner = slots.get(key_slot(lease))
+            if not owner:
+                return
+            tags = _slot_tags()
+            markers = [
+                self._p + b"{" + tags[slot] + b"}:" + _MARKER
+                for slot, nodes in slots.items()
+                if nodes and nodes[0].name == owner[0].name and slot != key_slot(lease)
+            ]
+            await self._conn.eval_per_key(
+                _EPOCH, markers, (self._quarantine_ms, b"1" if self._conn.durable else b"0", b"0")
+            )
+        except Exception as exc:  # best effort: each slot still checks at its first grant
+            logger.info("quarantining every slot of a Redis Cluster node failed: %r", exc)
+
     async def _check_epoch_on(self, conn: Any) -> None:
         """``epoch.lua`` on a new lease connection (``_Pipe.on_connect``)."""
         durable = b"1" if self._conn.durable else b"0"
-        await conn.send_command("EVAL", _EPOCH.body, 1, self._marker, self._quarantine_ms, durable)
+        seen = b"1" if self._marker in self._seen_markers else b"0"
+        await conn.send_command(
+            "EVAL", _EPOCH.body, 1, self._marker, self._quarantine_ms, durable, seen
+        )
         try:
             reply = await conn.read_response()
         except ResponseError:
@@ -396,6 +454,13 @@ class RedisLeases(RedisParts, LeaseCore):
             if self._pubsub is pubsub:
                 self._pubsub = None
             await self._close_pubsub(pubsub)
+
+    def _cancel_node_sweep(self) -> asyncio.Task[None] | None:
+        """Stop a node quarantine under way (closing): the task to await, if any."""
+        sweep, self._node_sweep = self._node_sweep, None
+        if sweep is not None:
+            sweep.cancel()
+        return sweep
 
     def _cancel_listener(self) -> asyncio.Task[None] | None:
         """Stop listening (closing): the task to await, if there was one."""

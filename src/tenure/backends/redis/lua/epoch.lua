@@ -3,14 +3,18 @@
 -- ARGV[1]: quarantine length in ms (the prefix's max TTL).
 -- ARGV[2]: '1' when the server's persistence keeps every write across a
 -- restart (appendonly yes, appendfsync always), as read by the client.
+-- ARGV[3]: '1' when this client has seen the marker before (a grant of the
+-- prefix went through it): its absence then proves that state was lost.
 --
 -- The marker is "<end of quarantine, ms>:<master_replid>:<evicted_keys>". Every
 -- grant needs it (acquire.lua answers {3} without it), so while any lease of
 -- the prefix is live the marker exists. Lease state may have been lost when:
---   * the marker is missing and the server shows a way it could have lost it:
---     it started less than a quarantine ago without durable persistence, its
---     clock is behind its start time, FLUSHALL/FLUSHDB ran since it started,
---     or it evicted keys;
+--   * the marker is missing and the client saw it before, or the server shows
+--     a way it could have lost it: it was promoted from a replica (a replica
+--     promoted before the prefix's first grant reached it has no marker, yet
+--     that grant can be in use), it started less than a quarantine ago without
+--     durable persistence, its clock is behind its start time, FLUSHALL/FLUSHDB
+--     ran since it started, or it evicted keys;
 --   * the marker's replication ID is not the server's: a replica was
 --     promoted, or the server restarted from a snapshot or a log without
 --     appendfsync always (its data may be older than the grants clients saw);
@@ -58,7 +62,15 @@ if m then
 else
   local uptime = tonumber(field('server', 'uptime_in_seconds'))
   local flushes = string.match(redis.call('INFO', 'commandstats'), 'cmdstat_flush[a-z]+:calls=')
-  if uptime < 0 then
+  -- master_replid2 is all zeros unless the server was promoted from a replica
+  -- (then it is the ID of the primary it followed).
+  local replid2 = field('replication', 'master_replid2') or ''
+  if ARGV[3] == '1' then
+    reason = 'the epoch marker this client saw there is gone'
+  elseif string.find(replid2, '[^0]') then
+    reason = 'it was promoted from a replica and has no epoch marker: the first grant'
+      .. ' of the prefix may not have reached it'
+  elseif uptime < 0 then
     reason = 'its clock is behind the time it started'
   elseif ARGV[2] ~= '1' and uptime * 1000 < q + 1000 + math.ceil(q / 100) then
     reason = string.format('it started %d s ago without appendfsync always', uptime)
