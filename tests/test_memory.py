@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 
 import pytest
 
@@ -205,3 +206,15 @@ async def test_wait_lease_released_wakes_one_waiter_per_release() -> None:
         assert await backend.wait_lease_released("k", 0.01) is False
         waiters[2].cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
+
+
+def test_a_refused_constructor_leaves_nothing_for_the_finaliser_to_trip_on() -> None:
+    unraisable: list[object] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with pytest.raises(InvalidArgument, match="max_attempts"):
+            MemoryPubSub(max_attempts=0)
+        gc.collect()  # the half-made backend is finalised here
+    finally:
+        sys.unraisablehook = hook
+    assert unraisable == []
