@@ -287,7 +287,7 @@ async def test_repr_shows_the_lease_count_or_closed() -> None:
 def test_from_url_takes_memory_only_and_passes_options_on() -> None:
     for url in ("memory://", "memory:///", "MEMORY://"):
         assert isinstance(MemoryPubSub.from_url(url), MemoryPubSub)
-    for url in ("memory://host", "memory://?x=1", "redis://"):
+    for url in ("memory://host", "memory://X", "memory://?x=1", "redis://"):
         with pytest.raises(ConfigurationError) as info:
             MemoryPubSub.from_url(url)
         assert str(info.value) == f"memory:// takes no host, path or query, got {url!r}"
@@ -357,7 +357,10 @@ async def test_a_delivery_from_before_the_latest_reclaim_settles_nothing() -> No
 
 
 @pytest.mark.asyncio
-async def test_reclaim_names_its_refused_argument() -> None:
+async def test_reclaim_and_unsubscribe_name_their_refused_argument() -> None:
+    async def callback(event: Event) -> None:
+        pass
+
     async with MemoryPubSub() as backend:
         with pytest.raises(InvalidArgument) as info:
             await backend.reclaim("", "g")
@@ -365,6 +368,9 @@ async def test_reclaim_names_its_refused_argument() -> None:
         with pytest.raises(InvalidArgument) as info:
             await backend.reclaim("t", "")
         assert str(info.value) == "group must not be empty"
+        with pytest.raises(InvalidArgument) as info:
+            await backend.unsubscribe("", callback)
+        assert str(info.value) == "topic must not be empty"
 
 
 @pytest.mark.asyncio
