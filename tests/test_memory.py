@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import sys
+import warnings
 from typing import Any
 
 import pytest
@@ -435,3 +436,39 @@ async def test_max_attempts_of_one_delivers_once_and_refuses_less() -> None:
         with pytest.raises(InvalidArgument) as info:
             MemoryPubSub(max_attempts=bad)
         assert str(info.value) == f"max_attempts must be an int >= 1, got {bad!r}"
+
+
+@pytest.mark.asyncio
+async def test_event_ids_are_remembered_per_topic() -> None:
+    got: list[str] = []
+
+    async def callback(event: Event) -> None:
+        got.append(event.type)
+
+    async with MemoryPubSub() as backend:
+        await backend.subscribe("a", callback)
+        await backend.subscribe("b", callback, group="g")
+        await backend.publish("a", Event(type="on a", id="same"))
+        await backend.publish("b", Event(type="on b", id="same"))
+        await backend.flush()
+        assert sorted(got) == ["on a", "on b"]
+        await backend.unsubscribe("a", callback)
+        await backend.unsubscribe("b", callback)
+
+
+@pytest.mark.asyncio
+async def test_subscriptions_come_and_go_cleanly() -> None:
+    async def callback(event: Event) -> None:
+        pass
+
+    backend = MemoryPubSub()
+    with pytest.raises(InvalidArgument, match="group"):
+        await backend.subscribe("t", callback, group="")
+    await backend.unsubscribe("never-subscribed", callback)  # nothing to do
+    await backend.subscribe("t", callback)
+    await backend.unsubscribe("t", callback)
+    # No subscription left: an unclosed backend has nothing to warn about.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backend.__del__()
+    await backend.aclose()
