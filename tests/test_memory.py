@@ -472,3 +472,43 @@ async def test_subscriptions_come_and_go_cleanly() -> None:
         warnings.simplefilter("error")
         backend.__del__()
     await backend.aclose()
+
+
+@pytest.mark.asyncio
+async def test_every_grant_and_renewal_lasts_its_whole_ttl() -> None:
+    clock = ManualClock()
+    async with MemoryPubSub(clock=clock) as backend:
+        await backend.acquire_lease("old", "a", 1)
+        clock.advance_ms(2)
+        await backend.acquire_lease("granted", "a", 10_000)  # a new key
+        await backend.acquire_lease("old", "b", 10_000)  # over an expired lease
+        await backend.acquire_lease("extended", "a", 5)
+        await backend.acquire_lease("extended", "a", 10_000)  # same owner: fresh TTL
+        for key in ("renewed", "moved", "batch"):
+            await backend.acquire_lease(key, "a", 5)
+        assert await backend.renew_lease("renewed", "a", 10_000)
+        assert await backend.transfer_lease("moved", "a", "b", 10_000)
+        assert await backend.renew_leases(["batch"], "a", 10_000) == [True]
+        clock.advance_ms(9_999.5)  # half a millisecond left of each
+        keys = ("granted", "old", "extended", "renewed", "moved", "batch")
+        for key in keys:
+            record = await backend.get_lease(key)
+            assert record is not None and record.ttl_ms == 1, key
+        clock.advance_ms(0.5)
+        assert [await backend.get_lease(key) for key in keys] == [None] * 6
+
+
+@pytest.mark.asyncio
+async def test_a_failing_callback_gets_five_attempts_by_default() -> None:
+    seen: list[int] = []
+
+    async def fails(event: Event) -> None:
+        seen.append(event.attempt)
+        raise RuntimeError("boom (expected by the test)")
+
+    async with MemoryPubSub() as backend:
+        await backend.subscribe("t", fails)
+        await backend.publish("t", Event(type="x"))
+        await backend.flush()
+        await backend.unsubscribe("t", fails)
+    assert seen == [1, 2, 3, 4, 5]
