@@ -447,5 +447,6 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
         self._waiters.wake_all()
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
-        if not self._closed and self._topics:
+        # getattr: a constructor that refused its arguments set no _topics.
+        if not self._closed and getattr(self, "_topics", None):
             _warn(f"unclosed {self!r} with active subscriptions", ResourceWarning, stacklevel=1)

@@ -29,7 +29,6 @@ __all__ = [
     "Session",
     "ThreadRun",
     "run_of",
-    "session_of",
 ]
 
 logger = logging.getLogger("tenure.runtime")
@@ -69,13 +68,6 @@ def _settle(pending: _Pending, how: Settle) -> None:
 
 async def _block_until_cancelled() -> None:
     await asyncio.get_running_loop().create_future()
-
-
-def session_of(owner: str | None) -> str | None:
-    """The session part of an owner name ``"<process>/<session>.<n>"``."""
-    if owner is None:
-        return None
-    return owner.rpartition(".")[0] or owner
 
 
 def run_of(owner: str | None) -> str | None:
