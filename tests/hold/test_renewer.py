@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tenure import MemoryPubSub
-from tenure._renewer import Renewer
+from tenure import InvalidArgument, MemoryPubSub
+from tenure._renewer import Renewer, renew_timing
 from tenure.testing import ManualClock, eventually
 
 from .support import FiveMethodsOnly, Flaky, LateRenewal
@@ -158,3 +158,49 @@ async def test_nothing_is_lost_after_a_final_stop(memory: MemoryPubSub) -> None:
     assert not renewer.lost.is_set() and renewer.reason is None and seen == []
     renewer.start()
     assert not renewer.running  # and it does not start again
+
+
+# -- renew_timing: the checked (every, deadline) of hold and the runtime -------------
+
+
+def test_renew_timing_defaults_to_a_third_and_two_thirds_of_the_ttl_in_seconds() -> None:
+    assert renew_timing(3_000, None, None) == (1.0, 2.0)
+    assert renew_timing(3_000, 1_000, 2_000) == (1.0, 2.0)
+    assert renew_timing(3_000, 1, 2) == (0.001, 0.002)  # the smallest whole values
+    assert renew_timing(3_000, 0.5, 1) == (0.0005, 0.001)
+
+
+@pytest.mark.parametrize("name", ["renew_every_ms", "renew_deadline_ms"])
+@pytest.mark.parametrize("bad", ["100", True, None, float("nan")])
+def test_renew_timing_refuses_what_is_not_a_number_naming_the_option(
+    name: str, bad: object
+) -> None:
+    every: object = bad if name == "renew_every_ms" else 100
+    deadline: object = bad if name == "renew_deadline_ms" else 2_000
+    if bad is None:  # None is the default, not an error
+        renew_timing(3_000, every, deadline)  # type: ignore[arg-type]
+        return
+    with pytest.raises(InvalidArgument) as refused:
+        renew_timing(3_000, every, deadline)  # type: ignore[arg-type]
+    assert str(refused.value) == f"{name} must be a number of milliseconds, got {bad!r}"
+
+
+@pytest.mark.parametrize(
+    ("every", "deadline", "message"),
+    [
+        (None, 0, "renew_deadline_ms must be > 0 and shorter than ttl_ms (3000), got 0"),
+        (None, 3_000, "renew_deadline_ms must be > 0 and shorter than ttl_ms (3000), got 3000"),
+        (0, 2_000, "renew_every_ms must be > 0 and shorter than renew_deadline_ms (2000), got 0"),
+        (
+            2_000,
+            2_000,
+            "renew_every_ms must be > 0 and shorter than renew_deadline_ms (2000), got 2000",
+        ),
+    ],
+)
+def test_renew_timing_refuses_bounds_that_do_not_hold(
+    every: float | None, deadline: float, message: str
+) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        renew_timing(3_000, every, deadline)
+    assert str(refused.value) == message
