@@ -9,7 +9,6 @@ and scanning or revoking without declaring ``OPERATIONS``.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 from tenure import BackendClosed, InvalidArgument, LeaseRecord, MemoryPubSub
 from tenure.backends._core import LeaseCore, prefix_range
 
+from .support.forking import in_child
 from .support.waiting import until_parked
 
 FORK_MESSAGE = (
@@ -42,28 +42,6 @@ class Minimal(LeaseCore):
 
     async def aclose(self) -> None:
         self._closed = True
-
-
-def in_child(fn: Callable[[], Any]) -> Any:
-    """``fn()`` in a really forked child; its JSON result, or its error as ``{"error": ...}``."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.close(read)
-            try:
-                payload = {"result": fn()}
-            except BaseException as exc:
-                payload = {"error": f"{type(exc).__name__}: {exc}"}
-            os.write(write, json.dumps(payload).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    return json.loads(data)
 
 
 def error_of(call: Callable[[], Any]) -> str:

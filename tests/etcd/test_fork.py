@@ -11,7 +11,7 @@ import pytest
 import tenure
 import tenure.sync
 from tests.support.etcd_server import shared_etcd
-from tests.sync.test_fork import in_child
+from tests.support.forking import in_child
 
 
 def test_a_forked_child_of_an_etcd_user_gets_a_clear_error(unique: str) -> None:

@@ -9,11 +9,10 @@ carries on undisturbed.
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ import pytest
 import tenure
 import tenure.sync
 from tests.conftest import TARGETS
+
+from ..support.forking import in_child
 
 KINDS = ["sqlite", "redis", "postgres"]
 
@@ -32,28 +33,6 @@ def url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator
     yield target.isolated_url(unique, tmp_path)
     if target.cleanup is not None:
         target.cleanup(unique)
-
-
-def in_child(fn: Callable[[], Any]) -> Any:
-    """``fn()`` in a forked child; its JSON result, or its error as ``{"error": ...}``."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.close(read)
-            try:
-                payload = {"result": fn()}
-            except BaseException as exc:
-                payload = {"error": f"{type(exc).__name__}: {exc}"}
-            os.write(write, json.dumps(payload).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    return json.loads(data)
 
 
 def test_a_sync_backend_re_initialises_in_the_child_and_the_parent_keeps_its_own(
