@@ -8,9 +8,12 @@ server start their own (see ``tests/support``).
 
 from __future__ import annotations
 
+import gc
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterator
+import warnings
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -88,6 +91,42 @@ def backend_url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> 
     yield target.isolated_url(unique, tmp_path)
     if target.cleanup is not None:
         target.cleanup(unique)
+
+
+def _unclosed_now() -> list[str]:
+    """What a full garbage collection finds unclosed (sockets, files, transports)."""
+    found: list[str] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: found.append(f"{u.exc_value}")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    return found + [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """After a module's last test, fail it if the module left sockets or files unclosed.
+
+    Without this an unclosed socket warns only when the garbage collector gets to
+    it, in whichever later test is running then (in a random order, anywhere).
+    Collecting here names the module that leaked it; the check costs one full
+    collection per module.
+    """
+    yield
+    if nextitem is not None and nextitem.path == item.path:
+        return
+    unclosed = _unclosed_now()
+    if unclosed:
+        shown = "; ".join(unclosed[:5]) + (
+            f"; and {len(unclosed) - 5} more" if len(unclosed) > 5 else ""
+        )
+        pytest.fail(
+            f"{item.path.name} left {len(unclosed)} object(s) unclosed: {shown}", pytrace=False
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
