@@ -31,6 +31,10 @@ _SPANS = InMemorySpanExporter()
 @pytest.fixture(scope="module", autouse=True)
 def _sdk() -> None:
     # The global providers can be set once per process; tenure's proxies follow them.
+    # (A runner that runs this module twice in one process, as mutmut does, finds
+    # them set already: a reader joins only one MeterProvider.)
+    if isinstance(metrics.get_meter_provider(), MeterProvider):
+        return
     metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(_SPANS))
