@@ -20,6 +20,8 @@ __all__ = ["run_virtual"]
 
 T = TypeVar("T")
 
+_NOTHING_LEFT = 10.0
+
 
 class _Selector(selectors.DefaultSelector):
     def __init__(self, loop: _VirtualLoop) -> None:
@@ -27,8 +29,17 @@ class _Selector(selectors.DefaultSelector):
         self._loop = loop
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout is None:  # no timer: only I/O (another thread's wake-up) can come
-            return super().select(None)
+        if timeout is None:
+            # No timer: only I/O can come (another thread's wake-up, as when the
+            # loop shuts its executor down). Nothing within seconds means the code
+            # under test waits for something that can never happen: fail, not hang.
+            ready = super().select(_NOTHING_LEFT)
+            if not ready:
+                raise RuntimeError(
+                    f"virtual-time loop: no timer and no I/O for {_NOTHING_LEFT:g} s;"
+                    " the code under test waits forever"
+                )
+            return ready
         ready = super().select(0)
         if not ready and timeout > 0:
             self._loop.now += timeout
