@@ -150,6 +150,15 @@ async def test_wait_zero_tries_once_and_names_the_holder(manual: MemoryPubSub) -
 
 
 @pytest.mark.asyncio
+async def test_a_wait_gives_up_after_that_long_naming_the_holder(manual: MemoryPubSub) -> None:
+    await manual.acquire_lease("k", "the-holder", 10_000)  # on the manual clock: held throughout
+    with pytest.raises(LeaseUnavailable) as info:
+        await asyncio.wait_for(tenure.hold(manual, "k", "a", 10_000, wait=0.05).start(), 30)
+    assert str(info.value) == "lease 'k' is held by 'the-holder'; gave up after waiting 0.05 s"
+    assert info.value.holder == "the-holder"
+
+
+@pytest.mark.asyncio
 async def test_transfer_to_checks_the_new_owner_by_name(manual: MemoryPubSub) -> None:
     lease = await tenure.hold(manual, "k", "a", 10_000).start()
     with pytest.raises(InvalidArgument) as empty:
