@@ -92,3 +92,24 @@ async def test_arguments_are_checked_before_any_call() -> None:
                 await tenure.renew_many(counted, *args)
             assert str(info.value) == message
         assert not counted.calls
+
+
+class ShortBatch(FiveMethodsOnly):
+    """A provider whose ``renew_leases`` answers for one key fewer than it was asked (a bug)."""
+
+    capabilities = frozenset({"renew_many"})
+
+    async def renew_leases(self, keys: list[str], owner: str, ttl_ms: int) -> list[bool]:
+        self.calls["renew_leases"] += 1
+        return [True] * (len(keys) - 1)
+
+
+@pytest.mark.asyncio
+async def test_a_batch_answer_of_the_wrong_length_is_an_error_naming_the_provider() -> None:
+    # Zipped as it is, the answer would leave the last key out of the lost set.
+    async with MemoryPubSub() as memory:
+        broken = ShortBatch(memory)
+        with pytest.raises(RuntimeError) as info:
+            await tenure.renew_many(broken, "a", ["k1", "k2"], 1000)
+        assert str(info.value) == "ShortBatch.renew_leases returned 1 results for 2 keys"
+        assert broken.calls == {"renew_leases": 1}
