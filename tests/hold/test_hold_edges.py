@@ -41,6 +41,7 @@ from tenure import (
 )
 from tenure.testing import ManualClock, eventually
 
+from ..support.waiting import until_parked
 from .support import FiveMethodsOnly, GatedRelease, GatedRenewal, stall
 
 TAKEN_OVER = "the transfer found the lease no longer held by its owner"
@@ -156,6 +157,18 @@ async def test_a_wait_gives_up_after_that_long_naming_the_holder(manual: MemoryP
         await asyncio.wait_for(tenure.hold(manual, "k", "a", 10_000, wait=0.05).start(), 30)
     assert str(info.value) == "lease 'k' is held by 'the-holder'; gave up after waiting 0.05 s"
     assert info.value.holder == "the-holder"
+
+
+@pytest.mark.asyncio
+async def test_wait_none_waits_until_the_holder_lets_go(manual: MemoryPubSub) -> None:
+    await manual.acquire_lease("k", "the-holder", 10_000)  # on the manual clock: until released
+    waiting = asyncio.create_task(tenure.hold(manual, "k", "a", 10_000, wait=None).start())
+    await until_parked(manual, "k")  # refused once, now waiting for a release
+    assert not waiting.done()
+    await manual.release_lease("k", "the-holder")
+    lease = await asyncio.wait_for(waiting, 10)
+    assert lease.held and await manual.get_lease_owner("k") == "a"
+    await lease.release()
 
 
 @pytest.mark.asyncio
