@@ -4,6 +4,9 @@
 ``Flaky`` makes ``renew_lease`` fail or hang on demand, standing in for a
 network error at the unit level (the real-server version is in test_pause.py).
 ``LateRenewal`` makes one renewal's success arrive late (see its docstring).
+``GatedRelease`` and ``GatedRenewal`` hold a call until the test opens a gate, so
+a test decides when its reply comes back: no real fault returns a reply at a
+chosen moment.
 """
 
 from __future__ import annotations
@@ -129,3 +132,33 @@ class LateRenewal(FiveMethodsOnly):
 def stall(seconds: float) -> None:
     """Block the whole event loop, as a paused process (GC, swap, SIGSTOP) would."""
     time.sleep(seconds)
+
+
+class GatedRelease(FiveMethodsOnly):
+    """``release_lease`` waits for ``gate`` before releasing on the backend."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.gate = asyncio.Event()
+        self.releasing = asyncio.Event()
+        self.released = asyncio.Event()
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        self.releasing.set()
+        await self.gate.wait()
+        await super().release_lease(key, owner)
+        self.released.set()
+
+
+class GatedRenewal(FiveMethodsOnly):
+    """``renew_lease`` waits for ``gate``, then asks the backend (which may refuse)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.gate = asyncio.Event()
+        self.asked = asyncio.Event()
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        self.asked.set()
+        await self.gate.wait()
+        return await super().renew_lease(key, owner, ttl_ms)

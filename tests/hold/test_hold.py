@@ -302,12 +302,25 @@ async def test_the_noop_provider_can_be_held(memory: MemoryPubSub) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"renew_deadline_ms": 1000}, "renew_deadline_ms"),
-        ({"renew_deadline_ms": 0}, "renew_deadline_ms"),
-        ({"renew_every_ms": 700}, "renew_every_ms"),
-        ({"renew_every_ms": True}, "renew_every_ms"),
-        ({"on_lost": 3}, "on_lost"),
-        ({"wait": -1}, "wait"),
+        (
+            {"renew_deadline_ms": 1000},
+            "renew_deadline_ms must be > 0 and shorter than ttl_ms (1000), got 1000",
+        ),
+        (
+            {"renew_deadline_ms": 0},
+            "renew_deadline_ms must be > 0 and shorter than ttl_ms (1000), got 0",
+        ),
+        (
+            {"renew_every_ms": 700},
+            "renew_every_ms must be > 0 and shorter than renew_deadline_ms (666.667), got 700",
+        ),
+        ({"renew_every_ms": True}, "renew_every_ms must be a number of milliseconds, got True"),
+        ({"on_lost": 3}, "on_lost must be callable, got int"),
+        ({"wait": -1}, "wait must be a finite number of seconds >= 0, got -1"),
+        ({"wait": "soon"}, "wait must be a number of seconds, got str"),
+        ({"key": ""}, "key must not be empty"),
+        ({"owner": ""}, "owner must not be empty"),
+        ({"ttl_ms": 0}, "ttl_ms must be between 1 and 2147483647 milliseconds, got 0"),
     ],
 )
 @pytest.mark.asyncio
@@ -315,10 +328,10 @@ async def test_bad_options_are_rejected_before_any_call(
     memory: MemoryPubSub, options: dict[str, Any], message: str
 ) -> None:
     counted = FiveMethodsOnly(memory)
-    with pytest.raises(InvalidArgument, match=message):
-        tenure.hold(counted, "k", "a", 1000, **options)
-    with pytest.raises(InvalidArgument, match="key"):
-        tenure.hold(counted, "", "a", 1000)
+    arguments: dict[str, Any] = {"key": "k", "owner": "a", "ttl_ms": 1000, **options}
+    with pytest.raises(InvalidArgument) as info:
+        tenure.hold(counted, **arguments)
+    assert str(info.value) == message
     assert not counted.calls
 
 

@@ -20,29 +20,13 @@ import tenure
 from tenure import BackendUnavailable, HeldLease, LeaseLost, MemoryPubSub
 from tenure.testing import ManualClock, eventually
 
-from .support import FiveMethodsOnly, Flaky, stall
+from .support import FiveMethodsOnly, Flaky, GatedRelease, stall
 
 
 class FailingTransfer(FiveMethodsOnly):
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         self.calls["transfer_lease"] += 1
         raise BackendUnavailable("simulated network error") from OSError("connection reset")
-
-
-class GatedRelease(FiveMethodsOnly):
-    """``release_lease`` waits for ``gate`` before releasing on the backend."""
-
-    def __init__(self, inner: MemoryPubSub) -> None:
-        super().__init__(inner)
-        self.gate = asyncio.Event()
-        self.releasing = asyncio.Event()
-        self.released = asyncio.Event()
-
-    async def release_lease(self, key: str, owner: str) -> None:
-        self.releasing.set()
-        await self.gate.wait()
-        await super().release_lease(key, owner)
-        self.released.set()
 
 
 class HangingTransfer(FiveMethodsOnly):

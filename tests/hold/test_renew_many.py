@@ -81,13 +81,35 @@ async def test_arguments_are_checked_before_any_call() -> None:
     async with MemoryPubSub() as memory:
         counted = Counting(memory)
         cases: list[tuple[tuple[Any, ...], str]] = [
-            (("a", "k", 1000), "single str"),
-            (("a", ["k", ""], 1000), "key"),
-            (("a", ["k", 3], 1000), "key"),
-            (("", ["k"], 1000), "owner"),
-            (("a", ["k"], 0), "ttl_ms"),
+            (("a", "k", 1000), "keys must be an iterable of str, not a single str"),
+            (("a", ["k", ""], 1000), "key must not be empty"),
+            (("a", ["k", 3], 1000), "key must be a str, got int"),
+            (("", ["k"], 1000), "owner must not be empty"),
+            (("a", ["k"], 0), "ttl_ms must be between 1 and 2147483647 milliseconds, got 0"),
         ]
         for args, message in cases:
-            with pytest.raises(InvalidArgument, match=message):
+            with pytest.raises(InvalidArgument) as info:
                 await tenure.renew_many(counted, *args)
+            assert str(info.value) == message
         assert not counted.calls
+
+
+class ShortBatch(FiveMethodsOnly):
+    """A provider whose ``renew_leases`` answers for one key fewer than it was asked (a bug)."""
+
+    capabilities = frozenset({"renew_many"})
+
+    async def renew_leases(self, keys: list[str], owner: str, ttl_ms: int) -> list[bool]:
+        self.calls["renew_leases"] += 1
+        return [True] * (len(keys) - 1)
+
+
+@pytest.mark.asyncio
+async def test_a_batch_answer_of_the_wrong_length_is_an_error_naming_the_provider() -> None:
+    # Zipped as it is, the answer would leave the last key out of the lost set.
+    async with MemoryPubSub() as memory:
+        broken = ShortBatch(memory)
+        with pytest.raises(RuntimeError) as info:
+            await tenure.renew_many(broken, "a", ["k1", "k2"], 1000)
+        assert str(info.value) == "ShortBatch.renew_leases returned 1 results for 2 keys"
+        assert broken.calls == {"renew_leases": 1}
