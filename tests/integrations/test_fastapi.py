@@ -8,6 +8,7 @@ fencing tokens increasing from run to run.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -15,7 +16,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -107,7 +107,9 @@ class Server(ExampleProcess):
                 with urllib.request.urlopen(request, timeout=10) as response:
                     answer: dict[str, str] = json.loads(response.read())
                     return answer
-            except (OSError, urllib.error.HTTPError):  # a killed worker, a reset connection
+            # A killed worker: a refused or reset connection, or an answer cut off
+            # after its headers (IncompleteRead, an HTTPException but no OSError).
+            except (OSError, http.client.HTTPException):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
