@@ -421,3 +421,26 @@ def test_stop_returns_only_once_the_call_in_flight_was_dropped() -> None:
             assert not renewer.running and not renewer.lost.is_set()
 
     run_virtual(main())
+
+
+def test_a_refused_renewal_loses_the_lease_at_once_saying_so() -> None:
+    async def main() -> tuple[float, str | None, list[float]]:
+        loop = asyncio.get_running_loop()
+        async with MemoryPubSub() as backend:
+            assert (await backend.acquire_lease("k", "a", 600_000)).acquired
+            assert await backend.revoke_lease("k")  # an operator took it away
+            timed = Timed(backend)
+            renewer = Renewer(
+                timed, "k", "a", 600_000, sent_at=0.0, every=1.0, deadline=2.0, clock=loop.time
+            )
+            renewer.start()
+            await renewer.lost.wait()
+            lost_at = loop.time()
+            await renewer.stop()
+        return lost_at, renewer.reason, timed.sent
+
+    lost_at, reason, sent = run_virtual(main())
+    assert (lost_at, sent) == (1.0, [1.0])  # at the first renewal, not retried
+    assert reason == (
+        "a renewal was refused: the backend reports the lease is no longer held by its owner"
+    )
