@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -17,6 +18,8 @@ import pytest_asyncio
 from tenure import LeaseLost, MemoryPubSub, ThreadRun, ThreadRuntime
 from tenure.runtime import RuntimeEvent
 from tenure.testing import ManualClock, eventually
+
+from ..hold.support import stall
 
 
 @pytest_asyncio.fixture
@@ -94,4 +97,46 @@ async def test_a_lost_run_is_told_why_and_without_cancel_on_loss_goes_on(
     )
     assert f"run {run.run_id} of thread 't' lost its lease: {reason}" in messages(
         caplog, "tenure.runtime", logging.WARNING
+    )
+
+
+# -- hand-over ------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_run_that_overran_the_renew_deadline_hands_over_to_no_next_run(
+    backend: MemoryPubSub,
+) -> None:
+    # The first run blocks the process past the renew deadline (400 ms of its
+    # 600 ms TTL) with the next signal waiting: the session must not start
+    # another run on a lease it can no longer count on. The signal goes back to
+    # the log, and a new session (another owner) runs it.
+    events: list[RuntimeEvent] = []
+    calls: list[str] = []
+    handled: list[tuple[str, Any]] = []
+
+    async def handler(run: ThreadRun) -> None:
+        calls.append(run.run_id)
+        async for signal in run.signals():
+            handled.append((run.run_id, signal.payload))
+            if signal.payload == 1:
+                stall(0.45)
+            return
+
+    rt = ThreadRuntime(
+        backend, handler, ttl_ms=600, idle_timeout=0.05, sweep_interval=0.05, on_event=events.append
+    )
+    async with rt:
+        await rt.send_signal("t", 1)
+        await rt.send_signal("t", 2)
+        await eventually(lambda: len(handled) == 2)
+    assert [payload for _, payload in handled] == [1, 2]
+    first_run, second_run = (run_id for run_id, _ in handled)
+    assert calls == [first_run, second_run]  # no run of the first session after the stall
+    assert first_run.rpartition(".")[0] != second_run.rpartition(".")[0]
+    assert not of_kind(events, "handover")
+    [lost] = of_kind(events, "lost")
+    assert (lost.run_id, lost.detail) == (
+        first_run,
+        "no renewal succeeded within the renew deadline of 400 ms",
     )
