@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tenure import LeaseLost, MemoryPubSub, ThreadRun, ThreadRuntime
+from tenure import Capability, Event, LeaseLost, MemoryPubSub, ThreadRun, ThreadRuntime
 from tenure.runtime import RuntimeEvent
+from tenure.runtime._session import CLOSE_MARKER
 from tenure.testing import ManualClock, eventually
 
 from ..hold.support import stall
@@ -140,3 +141,216 @@ async def test_a_run_that_overran_the_renew_deadline_hands_over_to_no_next_run(
         first_run,
         "no renewal succeeded within the renew deadline of 400 ms",
     )
+
+
+# -- the close handshake ----------------------------------------------------------
+
+
+class MarkerLog:
+    """The memory backend as a runtime's log, with its close markers held back on demand.
+
+    ``markers``: ``"deliver"`` (as the memory backend does), ``"hang"`` (the
+    marker's publish never returns: a log that stopped answering), ``"drop"``
+    (published, never read back: a subscription that stopped delivering) or
+    ``"hold"`` (the publish waits for ``release``: a slow log). Everything else,
+    the leases included, is the memory backend's. No real fault of the memory
+    backend reaches a session's close marker, and on a server none can be timed
+    to land on it. ``publishing`` is set when a marker's publish starts;
+    ``backlogs`` counts the runtime's sweeps (``backlog`` calls).
+    """
+
+    capabilities = Capability.EVENTS | Capability.RECLAIM | Capability.BACKLOG | Capability.DEDUPE
+
+    def __init__(self, inner: MemoryPubSub, markers: str = "deliver") -> None:
+        self.inner = inner
+        self.markers = markers
+        self.publishing = asyncio.Event()
+        self.release = asyncio.Event()
+        self.backlogs = 0
+
+    def get_lease_provider(self) -> MemoryPubSub:
+        return self.inner
+
+    async def publish(self, topic: str, event: Event) -> Event:
+        if event.type == CLOSE_MARKER:
+            self.publishing.set()
+            if self.markers == "hang":
+                await asyncio.Event().wait()
+            if self.markers == "drop":
+                return event
+            if self.markers == "hold":
+                await self.release.wait()
+        return await self.inner.publish(topic, event)
+
+    async def subscribe(self, topic: str, callback: Any, *, group: str | None = None) -> None:
+        await self.inner.subscribe(topic, callback, group=group)
+
+    async def unsubscribe(self, topic: str, callback: Any) -> None:
+        await self.inner.unsubscribe(topic, callback)
+
+    async def reclaim(self, topic: str, group: str) -> int:
+        return await self.inner.reclaim(topic, group)
+
+    async def backlog(self, prefix: str, group: str) -> list[str]:
+        self.backlogs += 1
+        return await self.inner.backlog(prefix, group)
+
+    async def flush(self) -> None:
+        await self.inner.flush()
+
+
+def session_of(run_id: str | None) -> str:
+    assert run_id is not None
+    return run_id.rpartition(".")[0]
+
+
+@pytest.mark.asyncio
+async def test_an_idle_thread_closes_cleanly_after_reading_its_close_marker(
+    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    events: list[RuntimeEvent] = []
+    handled: list[Any] = []
+
+    async def handler(run: ThreadRun) -> None:
+        handled.extend([signal.payload async for signal in run.signals()])
+
+    log = MarkerLog(backend)
+    rt = ThreadRuntime(
+        log, handler, idle_timeout=0.05, sweep_interval=60, marker_timeout=5, on_event=events.append
+    )
+    async with rt:
+        sent = await rt.send_signal("t", 1)
+        await eventually(lambda: not rt.owned_threads())
+        assert log.publishing.is_set()
+        # A clean close gives the sweep nothing to look for: it was not woken. The
+        # marker was read back: nothing of the thread is left in the log.
+        assert log.backlogs == 0
+        status = await rt.thread_status("t")
+        assert (status.owner, status.pending) == (None, False)
+    assert handled == [1]
+    assert [(e.kind, e.run_id) for e in events] == [
+        ("wake", sent.run_id),
+        ("signal", sent.run_id),
+        ("run_end", sent.run_id),
+        ("release", sent.run_id),
+    ]
+    assert messages(caplog, "tenure.runtime", logging.WARNING) == []
+    assert messages(caplog, "tenure.memory", logging.WARNING) == []
+
+
+@pytest.mark.asyncio
+async def test_a_close_marker_whose_publish_hangs_closes_the_session_after_marker_timeout(
+    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tenure.runtime")
+    events: list[RuntimeEvent] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for _ in run.signals():
+            pass
+
+    log = MarkerLog(backend, "hang")
+    rt = ThreadRuntime(
+        log,
+        handler,
+        idle_timeout=0.05,
+        sweep_interval=60,
+        marker_timeout=0.2,
+        on_event=events.append,
+    )
+    async with rt:
+        sent = await rt.send_signal("t", 1)
+        await eventually(lambda: not rt.owned_threads())
+        assert await backend.get_lease_owner(rt.lease_key("t")) is None
+    assert [e.kind for e in events] == ["wake", "signal", "run_end", "release"]
+    session = session_of(sent.run_id)
+    assert messages(caplog, "tenure.runtime", logging.WARNING) == [
+        f"publishing the close marker of session {session} on 't' took over 0.2 s; closing"
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_close_marker_never_read_back_closes_the_session_after_marker_timeout(
+    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tenure.runtime")
+    events: list[RuntimeEvent] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for _ in run.signals():
+            pass
+
+    log = MarkerLog(backend, "drop")
+    rt = ThreadRuntime(
+        log,
+        handler,
+        idle_timeout=0.05,
+        sweep_interval=60,
+        marker_timeout=0.2,
+        on_event=events.append,
+    )
+    async with rt:
+        sent = await rt.send_signal("t", 1)
+        await eventually(lambda: not rt.owned_threads())
+        assert await backend.get_lease_owner(rt.lease_key("t")) is None
+    assert [e.kind for e in events] == ["wake", "signal", "run_end", "release"]
+    session = session_of(sent.run_id)
+    assert messages(caplog, "tenure.runtime", logging.WARNING) == [
+        f"close marker of session {session} on 't' not read back within 0.2 s; closing"
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_signal_sent_while_the_close_marker_hangs_is_run_at_once_by_a_new_session(
+    backend: MemoryPubSub,
+) -> None:
+    # The session gives up on its marker and closes; the signal sent meanwhile
+    # went back to the log. The runtime sweeps at once for it (its sweep
+    # interval here is a minute).
+    handled: list[tuple[str, Any]] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append((run.run_id, signal.payload))  # noqa: PERF401 - as each is handled
+
+    log = MarkerLog(backend, "hang")
+    rt = ThreadRuntime(log, handler, idle_timeout=0.05, sweep_interval=60, marker_timeout=0.2)
+    async with rt:
+        await rt.send_signal("t", 1)
+        await asyncio.wait_for(log.publishing.wait(), 5)
+        late = await rt.send_signal("t", 2)
+        assert late.outcome == "deliver"
+        await eventually(lambda: len(handled) == 2, timeout=5)
+    assert [payload for _, payload in handled] == [1, 2]
+    first_run, second_run = (run_id for run_id, _ in handled)
+    assert session_of(first_run) != session_of(second_run)
+
+
+@pytest.mark.asyncio
+async def test_a_signal_that_comes_before_the_close_marker_is_run_by_the_same_session(
+    backend: MemoryPubSub,
+) -> None:
+    events: list[RuntimeEvent] = []
+    handled: list[tuple[str, Any]] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append((run.run_id, signal.payload))  # noqa: PERF401 - as each is handled
+
+    log = MarkerLog(backend, "hold")
+    rt = ThreadRuntime(
+        log, handler, idle_timeout=0.05, sweep_interval=60, marker_timeout=5, on_event=events.append
+    )
+    async with rt:
+        first = await rt.send_signal("t", 1)
+        await asyncio.wait_for(log.publishing.wait(), 5)
+        await rt.send_signal("t", 2)  # stored before the marker
+        log.markers = "deliver"
+        log.release.set()
+        await eventually(lambda: len(handled) == 2)
+        await eventually(lambda: not rt.owned_threads())
+    session = session_of(first.run_id)
+    assert handled == [(f"{session}.1", 1), (f"{session}.2", 2)]
+    [handover] = of_kind(events, "handover")
+    assert (handover.run_id, handover.detail) == (f"{session}.2", f"{session}.1")
