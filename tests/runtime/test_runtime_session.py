@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest_asyncio
 
 from tenure import Capability, Event, LeaseLost, MemoryPubSub, ThreadRun, ThreadRuntime
 from tenure.runtime import RuntimeEvent
-from tenure.runtime._session import CLOSE_MARKER
+from tenure.runtime._session import CLOSE_MARKER, INTERRUPT
 from tenure.testing import ManualClock, eventually
 
 from ..hold.support import stall
@@ -354,3 +355,205 @@ async def test_a_signal_that_comes_before_the_close_marker_is_run_by_the_same_se
     assert handled == [(f"{session}.1", 1), (f"{session}.2", 2)]
     [handover] = of_kind(events, "handover")
     assert (handover.run_id, handover.detail) == (f"{session}.2", f"{session}.1")
+
+
+# -- interrupts -------------------------------------------------------------------
+
+
+class Interruptible:
+    """A handler for the ``interrupt`` policy: "slow" blocks until the run is cancelled."""
+
+    def __init__(self) -> None:
+        self.runs: list[ThreadRun] = []
+        self.handled: list[tuple[str, Any]] = []
+        self.cancelled: list[tuple[str, bool, tuple[Any, ...]]] = []
+        self.busy = asyncio.Event()
+
+    async def __call__(self, run: ThreadRun) -> None:
+        self.runs.append(run)
+        try:
+            async for signal in run.signals():
+                self.handled.append((run.run_id, signal.payload))
+                if signal.payload == "slow":
+                    self.busy.set()
+                    await asyncio.sleep(3600)
+        except asyncio.CancelledError as exc:
+            self.cancelled.append((run.run_id, run.interrupted, exc.args))
+            raise
+
+    def payloads(self) -> list[Any]:
+        return [payload for _, payload in self.handled]
+
+
+def described(events: list[RuntimeEvent], *kinds: str) -> list[tuple[Any, ...]]:
+    """The events of ``kinds``, each as (kind, thread, run id, token, signal id, detail)."""
+    return [
+        (e.kind, e.thread_key, e.run_id, e.token, e.signal_id, e.detail)
+        for e in events
+        if e.kind in kinds
+    ]
+
+
+async def until_queued(rt: ThreadRuntime, thread_key: str, count: int) -> None:
+    async def queued() -> int | None:
+        return (await rt.thread_status(thread_key)).queued
+
+    deadline = time.monotonic() + 10
+    while await queued() != count:
+        assert time.monotonic() < deadline, f"never {count} queued"
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.asyncio
+async def test_an_interrupt_skips_the_waiting_signals_sent_before_it(backend: MemoryPubSub) -> None:
+    # a runs the thread; b (enqueue policy) queues two signals behind the busy run
+    # without interrupting it; c's signal interrupts it: the two are acknowledged
+    # unhandled, and the next run starts with c's.
+    handler = Interruptible()
+    events: list[RuntimeEvent] = []
+    options: dict[str, Any] = {"idle_timeout": 0.05, "sweep_interval": 60}
+    a = ThreadRuntime(backend, handler, policy="interrupt", on_event=events.append, **options)
+    b = ThreadRuntime(backend, handler, policy="enqueue", **options)
+    c = ThreadRuntime(backend, handler, policy="interrupt", **options)
+    async with a, b, c:
+        slow = await a.send_signal("t", "slow")
+        await asyncio.wait_for(handler.busy.wait(), 5)
+        for payload in ("w1", "w2"):
+            assert (await b.send_signal("t", payload)).outcome == "deliver"
+        await until_queued(a, "t", 2)
+        new = await c.send_signal("t", "new")
+        await eventually(lambda: "new" in handler.payloads())
+        await eventually(lambda: not a.owned_threads())
+        # The skipped signals were acknowledged: nothing is left for a later run.
+        assert not (await a.thread_status("t")).pending
+    assert handler.payloads() == ["slow", "new"]
+    first, second = handler.runs
+    assert (first.interrupted, second.interrupted) == (True, False)
+    assert handler.cancelled == [(first.run_id, True, (f"interrupted by signal {new.signal_id}",))]
+    assert first.token is not None and second.token is not None
+    assert described(events, "signal", "interrupted", "run_end") == [
+        ("signal", "t", first.run_id, first.token, slow.signal_id, None),
+        (
+            "interrupted",
+            "t",
+            first.run_id,
+            first.token,
+            new.signal_id,
+            "2 waiting signal(s) skipped",
+        ),
+        ("run_end", "t", first.run_id, first.token, None, "interrupted"),
+        ("signal", "t", second.run_id, second.token, new.signal_id, None),
+        ("run_end", "t", second.run_id, second.token, None, "ok"),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_local_interrupt_skips_older_signals_that_arrive_after_it(
+    backend: MemoryPubSub,
+) -> None:
+    # The owner's own send interrupts at once, before the log delivers b's older
+    # signal: that one is skipped when it arrives.
+    handler = Interruptible()
+    events: list[RuntimeEvent] = []
+    options: dict[str, Any] = {"idle_timeout": 0.05, "sweep_interval": 60}
+    a = ThreadRuntime(backend, handler, policy="interrupt", on_event=events.append, **options)
+    b = ThreadRuntime(backend, handler, policy="enqueue", **options)
+    async with a, b:
+        await a.send_signal("t", "slow")
+        await asyncio.wait_for(handler.busy.wait(), 5)
+        older = await b.send_signal("t", "older")
+        new = await a.send_signal("t", "new")
+        await eventually(lambda: "new" in handler.payloads())
+        await eventually(lambda: not a.owned_threads())
+        assert not (await a.thread_status("t")).pending
+    assert handler.payloads() == ["slow", "new"]
+    first, _ = handler.runs
+    assert described(events, "interrupted") == [
+        (
+            "interrupted",
+            "t",
+            first.run_id,
+            first.token,
+            new.signal_id,
+            "0 waiting signal(s) skipped",
+        ),
+        ("interrupted", "t", first.run_id, None, older.signal_id, "skipped"),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_controls_that_are_malformed_or_name_the_signal_being_handled_interrupt_nothing(
+    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    handler = Interruptible()
+    events: list[RuntimeEvent] = []
+    options: dict[str, Any] = {"idle_timeout": 0.05, "sweep_interval": 60}
+    a = ThreadRuntime(backend, handler, policy="interrupt", on_event=events.append, **options)
+    c = ThreadRuntime(backend, handler, policy="interrupt", **options)
+    async with a, c:
+        slow = await a.send_signal("t", "slow")
+        await asyncio.wait_for(handler.busy.wait(), 5)
+        control = a.names.control("t")
+        for data in [
+            ["not", "a", "mapping"],
+            {"signal": 5, "sent_at": 1.0},
+            {"signal": "x", "sent_at": "soon"},
+            {"signal": "x"},
+            {"signal": slow.signal_id, "sent_at": time.time()},  # the one being handled
+        ]:
+            await backend.publish(control, Event(type=INTERRUPT, data=data))
+        # Controls are read in order: once c's interrupt is seen, all of the above were.
+        new = await c.send_signal("t", "new")
+        await eventually(lambda: "new" in handler.payloads())
+    assert handler.payloads() == ["slow", "new"]
+    assert [(e.signal_id, e.detail) for e in of_kind(events, "interrupted")] == [
+        (new.signal_id, "0 waiting signal(s) skipped")
+    ]
+    assert messages(caplog, "tenure.memory", logging.WARNING) == []
+
+
+@pytest.mark.asyncio
+async def test_a_signal_sent_as_the_run_returns_interrupts_nothing(backend: MemoryPubSub) -> None:
+    events: list[RuntimeEvent] = []
+    handled: list[Any] = []
+    returning = asyncio.Event()
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append(signal.payload)
+            if signal.payload == "quick":
+                returning.set()
+                return
+
+    rt = ThreadRuntime(
+        backend, handler, policy="interrupt", idle_timeout=0.05, on_event=events.append
+    )
+    async with rt:
+        await rt.send_signal("t", "quick")
+        await returning.wait()  # woken before the session learns that the run returned
+        await rt.send_signal("t", "next")
+        await eventually(lambda: handled == ["quick", "next"])
+    assert not of_kind(events, "interrupted")
+    assert [e.detail for e in of_kind(events, "run_end")][:1] == ["ok"]
+
+
+@pytest.mark.asyncio
+async def test_a_run_is_interrupted_once_later_signals_run_in_order(backend: MemoryPubSub) -> None:
+    handler = Interruptible()
+    events: list[RuntimeEvent] = []
+    rt = ThreadRuntime(
+        backend,
+        handler,
+        policy="interrupt",
+        idle_timeout=0.05,
+        sweep_interval=60,
+        on_event=events.append,
+    )
+    async with rt:
+        await rt.send_signal("t", "slow")
+        await asyncio.wait_for(handler.busy.wait(), 5)
+        first = await rt.send_signal("t", "first")
+        await rt.send_signal("t", "second")  # the interrupted run has not ended yet
+        await eventually(lambda: handler.payloads() == ["slow", "first", "second"])
+    assert [e.signal_id for e in of_kind(events, "interrupted")] == [first.signal_id]
