@@ -17,8 +17,8 @@ import pytest
 import pytest_asyncio
 
 from tenure import Capability, Event, LeaseLost, MemoryPubSub, ThreadRun, ThreadRuntime
-from tenure.runtime import RuntimeEvent
-from tenure.runtime._session import CLOSE_MARKER, INTERRUPT
+from tenure.runtime import RuntimeEvent, Signal
+from tenure.runtime._session import CLOSE_MARKER, GROUP, INTERRUPT
 from tenure.testing import ManualClock, eventually
 
 from ..hold.support import stall
@@ -557,3 +557,236 @@ async def test_a_run_is_interrupted_once_later_signals_run_in_order(backend: Mem
         await rt.send_signal("t", "second")  # the interrupted run has not ended yet
         await eventually(lambda: handler.payloads() == ["slow", "first", "second"])
     assert [e.signal_id for e in of_kind(events, "interrupted")] == [first.signal_id]
+
+
+# -- what a run reads -------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_signal_reads_as_sent(backend: MemoryPubSub) -> None:
+    got: list[Signal] = []
+
+    async def handler(run: ThreadRun) -> None:
+        got.extend([signal async for signal in run.signals()])
+
+    async with ThreadRuntime(backend, handler, idle_timeout=0.05) as rt:
+        before = time.time()
+        sent = await rt.send_signal("t", {"n": 1})
+        await eventually(lambda: bool(got))
+        after = time.time()
+    [signal] = got
+    assert (signal.id, signal.thread_key, signal.payload, signal.attempt) == (
+        sent.signal_id,
+        "t",
+        {"n": 1},
+        1,
+    )
+    assert before <= signal.sent_at <= after  # the sender's wall clock
+
+
+@pytest.mark.asyncio
+async def test_a_run_waits_idle_timeout_for_its_next_signal(backend: MemoryPubSub) -> None:
+    handled: list[tuple[str, Any]] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append((run.run_id, signal.payload))  # noqa: PERF401 - as each is handled
+
+    async with ThreadRuntime(backend, handler, idle_timeout=0.9) as rt:
+        await rt.send_signal("t", 1)
+        await eventually(lambda: len(handled) == 1)
+        await rt.send_signal("t", 2)  # well within the idle timeout: the same run reads it
+        await eventually(lambda: len(handled) == 2)
+    assert [run_id for run_id, _ in handled] == [handled[0][0]] * 2
+
+
+@pytest.mark.asyncio
+async def test_a_signal_delivered_again_while_its_run_holds_it_is_handled_once(
+    backend: MemoryPubSub,
+) -> None:
+    # A backend may hand a signal out again while the run still holds it (Redis
+    # claims entries idle for long); reclaim does that here.
+    handled: list[Any] = []
+    holding = asyncio.Event()
+    go = asyncio.Event()
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append(signal.payload)
+            holding.set()
+            await go.wait()
+
+    async with ThreadRuntime(backend, handler, idle_timeout=0.05) as rt:
+        await rt.send_signal("t", 1)
+        await asyncio.wait_for(holding.wait(), 5)
+        assert await backend.reclaim(rt.topic("t"), GROUP) == 1
+        go.set()
+        await eventually(lambda: not rt.owned_threads())
+        assert not (await rt.thread_status("t")).pending
+    assert handled == [1]
+
+
+@pytest.mark.asyncio
+async def test_close_markers_of_others_or_malformed_ones_are_ignored(
+    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    events: list[RuntimeEvent] = []
+    handled: list[Any] = []
+    go = asyncio.Event()
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append(signal.payload)
+            await go.wait()
+
+    rt = ThreadRuntime(backend, handler, idle_timeout=0.05, on_event=events.append)
+    async with rt:
+        await rt.send_signal("t", 1)
+        await eventually(lambda: handled == [1])
+        for data in ["junk", {"session": "someone-else", "seq": 1}]:
+            await backend.publish(rt.topic("t"), Event(type=CLOSE_MARKER, data=data))
+        await rt.send_signal("t", 2)
+        go.set()
+        await eventually(lambda: not rt.owned_threads())
+    assert handled == [1, 2]
+    assert [e.kind for e in events][-2:] == ["run_end", "release"]
+    assert messages(caplog, "tenure.memory", logging.WARNING) == []
+    assert messages(caplog, "tenure.runtime", logging.WARNING) == []
+
+
+# -- sessions and runs: names, tokens, policies --------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_run_ids_and_tokens_of_a_first_and_a_later_session(backend: MemoryPubSub) -> None:
+    # A process id may hold a "/": the run id is what follows the last one. The
+    # later session finds the thread's group known and skips the opening move.
+    runs: list[ThreadRun] = []
+    events: list[RuntimeEvent] = []
+
+    async def handler(run: ThreadRun) -> None:
+        runs.append(run)
+        async for _ in run.signals():
+            status = await rt.thread_status("t")
+            assert (status.process_id, status.run_id) == ("host/7", run.run_id)
+            assert status.local and status.held_ms is not None and status.held_ms >= 0
+
+    rt = ThreadRuntime(
+        backend, handler, process_id="host/7", idle_timeout=0.05, on_event=events.append
+    )
+    async with rt:
+        first = await rt.send_signal("t", 1)
+        await eventually(lambda: not rt.owned_threads() and len(runs) == 1)
+        later = await rt.send_signal("t", 2)
+        await eventually(lambda: not rt.owned_threads() and len(runs) == 2)
+    assert [r.run_id for r in runs] == [first.run_id, later.run_id]
+    for sent, run in zip([first, later], runs, strict=True):
+        assert run.run_id == f"{session_of(run.run_id)}.1"
+        assert "/" not in run.run_id
+        assert run.token is not None
+        [wake] = [e for e in of_kind(events, "wake") if e.signal_id == sent.signal_id]
+        assert (wake.run_id, wake.token) == (run.run_id, run.token)
+    assert runs[0].token is not None and runs[1].token is not None
+    assert runs[0].token < runs[1].token
+    assert [e.detail for e in of_kind(events, "run_end")] == ["ok", "ok"]
+
+
+@pytest.mark.asyncio
+async def test_the_owner_s_policy_decides_an_enqueue_owner_is_not_interrupted(
+    backend: MemoryPubSub,
+) -> None:
+    handler = Interruptible()
+    events: list[RuntimeEvent] = []
+    options: dict[str, Any] = {"idle_timeout": 0.05, "sweep_interval": 60}
+    a = ThreadRuntime(backend, handler, policy="enqueue", on_event=events.append, **options)
+    c = ThreadRuntime(backend, handler, policy="interrupt", **options)
+    async with a, c:
+        await a.send_signal("t", "slow")
+        await asyncio.wait_for(handler.busy.wait(), 5)
+        await c.send_signal("t", "new")
+        await until_queued(a, "t", 1)
+        await a.aclose()
+    assert handler.payloads() == ["slow"]
+    assert not of_kind(events, "interrupted")
+
+
+@pytest.mark.asyncio
+async def test_under_reject_a_signal_sent_before_the_woken_run_started_is_delivered(
+    backend: MemoryPubSub,
+) -> None:
+    handled: list[Any] = []
+
+    async def handler(run: ThreadRun) -> None:
+        handled.extend([signal.payload async for signal in run.signals()])
+
+    async with ThreadRuntime(backend, handler, policy="reject", idle_timeout=0.05) as rt:
+        first = await rt.send_signal("t", 1)
+        second = await rt.send_signal("t", 2)  # the run has not started yet
+        await eventually(lambda: handled == [1, 2])
+    assert (first.outcome, second.outcome) == ("wake", "deliver")
+
+
+@pytest.mark.asyncio
+async def test_a_run_longer_than_the_ttl_keeps_its_lease() -> None:
+    outcome: list[str] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            if signal.payload == "long":
+                await asyncio.sleep(0.8)  # work outlasting the 600 ms TTL: renewals keep the lease
+                run.ensure_held()
+            outcome.append(signal.payload)
+
+    # The second session finds the thread's group known: it keeps the lease it
+    # was granted, with no opening move (a session of each kind).
+    async with (
+        MemoryPubSub() as memory,
+        ThreadRuntime(memory, handler, ttl_ms=600, idle_timeout=0.05) as rt,
+    ):
+        for payload in ("long", "long"):
+            await rt.send_signal("t", payload)
+            await eventually(lambda: not rt.owned_threads(), timeout=5)
+    assert outcome == ["long", "long"]
+
+
+# -- stopping -------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_aclose_returns_once_its_sessions_ended_and_leaves_their_signals_unspent(
+    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The run being handled is cancelled and its signal stays in the log for the
+    # next owner as it was: closing a runtime is no failed delivery (a signal
+    # whose owner restarted max_attempts times would otherwise be dropped).
+    caplog.set_level(logging.WARNING)
+    events: list[RuntimeEvent] = []
+    got: list[tuple[str, Signal]] = []
+    busy = asyncio.Event()
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            got.append((run.process_id, signal))
+            if run.process_id == "a":
+                busy.set()
+                await asyncio.sleep(3600)
+
+    a = ThreadRuntime(backend, handler, process_id="a", idle_timeout=0.05, on_event=events.append)
+    async with a:
+        sent = await a.send_signal("t", 1)
+        await asyncio.wait_for(busy.wait(), 5)
+    # aclose() returned: the session has ended, its lease is released.
+    assert [e.kind for e in events][-2:] == ["run_end", "release"]
+    assert not a.owned_threads()
+    assert await backend.get_lease_owner(a.lease_key("t")) is None
+    b = ThreadRuntime(backend, handler, process_id="b", idle_timeout=0.05, sweep_interval=0.05)
+    status = await b.thread_status("t")
+    assert (status.owner, status.run_id, status.pending) == (None, None, True)
+    async with b:
+        await eventually(lambda: len(got) == 2)
+    assert [(process, s.id, s.attempt) for process, s in got] == [
+        ("a", sent.signal_id, 1),
+        ("b", sent.signal_id, 1),
+    ]
+    assert messages(caplog, "tenure.memory", logging.WARNING) == []
