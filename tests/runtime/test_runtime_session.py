@@ -10,18 +10,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from tenure import Capability, Event, LeaseLost, MemoryPubSub, ThreadRun, ThreadRuntime
+from tenure import (
+    BackendUnavailable,
+    Capability,
+    Event,
+    LeaseLost,
+    MemoryPubSub,
+    ThreadRun,
+    ThreadRuntime,
+)
 from tenure.runtime import RuntimeEvent, Signal
 from tenure.runtime._session import CLOSE_MARKER, GROUP, INTERRUPT
 from tenure.testing import ManualClock, eventually
 
-from ..hold.support import stall
+from ..hold.support import FiveMethodsOnly, stall
+from .test_runtime_loss import FailingCalls
 
 
 @pytest_asyncio.fixture
@@ -168,6 +178,10 @@ class MarkerLog:
         self.publishing = asyncio.Event()
         self.release = asyncio.Event()
         self.backlogs = 0
+        # Subscriptions made minus those ended, by topic and callback.
+        self.subscriptions: Counter[tuple[str, Any]] = Counter()
+        # The next subscribe to this topic fails (no real fault reaches it on memory).
+        self.fail_subscribe: str | None = None
 
     def get_lease_provider(self) -> MemoryPubSub:
         return self.inner
@@ -184,9 +198,14 @@ class MarkerLog:
         return await self.inner.publish(topic, event)
 
     async def subscribe(self, topic: str, callback: Any, *, group: str | None = None) -> None:
+        if topic == self.fail_subscribe:
+            self.fail_subscribe = None
+            raise BackendUnavailable("simulated network error")
         await self.inner.subscribe(topic, callback, group=group)
+        self.subscriptions[topic, callback] += 1
 
     async def unsubscribe(self, topic: str, callback: Any) -> None:
+        self.subscriptions[topic, callback] -= 1
         await self.inner.unsubscribe(topic, callback)
 
     async def reclaim(self, topic: str, group: str) -> int:
@@ -790,3 +809,119 @@ async def test_aclose_returns_once_its_sessions_ended_and_leaves_their_signals_u
         ("b", sent.signal_id, 1),
     ]
     assert messages(caplog, "tenure.memory", logging.WARNING) == []
+
+
+# -- opening ----------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("failing", [None, "subscribe", "control", "transfer"])
+async def test_a_session_ends_every_subscription_it_made_and_only_those(
+    backend: MemoryPubSub, failing: str | None
+) -> None:
+    # Under the interrupt policy a session subscribes to its thread's topic and
+    # to its control topic; its opening may fail at either subscribe or at the
+    # opening move of its lease.
+    handled: list[Any] = []
+
+    async def handler(run: ThreadRun) -> None:
+        handled.extend([signal.payload async for signal in run.signals()])
+
+    log = MarkerLog(backend)
+    provider = FailingCalls(backend)
+    rt = ThreadRuntime(log, handler, lease_provider=provider, policy="interrupt", idle_timeout=0.05)
+    async with rt:
+        if failing == "subscribe":
+            log.fail_subscribe = rt.topic("t")
+        elif failing == "control":
+            log.fail_subscribe = rt.names.control("t")
+        elif failing == "transfer":
+            provider.transfer = "open"
+        if failing is not None:
+            with pytest.raises(BackendUnavailable):
+                await rt.send_signal("t", 1)
+            assert await backend.get_lease_owner(rt.lease_key("t")) is None
+            assert log.subscriptions == Counter(dict.fromkeys(log.subscriptions, 0))
+        await rt.send_signal("t", 1)
+        await eventually(lambda: handled == [1] and not rt.owned_threads())
+    assert log.subscriptions, "the session subscribed"
+    assert set(log.subscriptions.values()) == {0}
+    assert {topic for topic, _ in log.subscriptions} == {rt.topic("t"), rt.names.control("t")}
+
+
+class ExpiresWhileOpening(FiveMethodsOnly):
+    """Lets the lease expire, and another owner take it, right before a session's
+    opening move (the transfer from ``".0"``). The expiry and the take are the
+    memory backend's own, on its ManualClock; the wrapper only picks the moment,
+    which no real schedule can."""
+
+    def __init__(self, inner: MemoryPubSub, clock: ManualClock) -> None:
+        super().__init__(inner)
+        self.clock = clock
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        if from_owner.endswith(".0"):
+            self.clock.advance_ms(ttl_ms + 1)
+            assert (await self.inner.acquire_lease(key, "other/x.1", ttl_ms)).acquired
+        return await super().transfer_lease(key, from_owner, to_owner, ttl_ms)
+
+
+@pytest.mark.asyncio
+async def test_a_lease_that_expires_while_its_session_opens_fails_the_send() -> None:
+    async def handler(run: ThreadRun) -> None:
+        async for _ in run.signals():
+            pass
+
+    clock = ManualClock()
+    async with MemoryPubSub(clock=clock) as memory:
+        provider = ExpiresWhileOpening(memory, clock)
+        async with ThreadRuntime(memory, handler, lease_provider=provider) as rt:
+            with pytest.raises(LeaseLost) as caught:
+                await rt.send_signal("t", 1)
+            assert not rt.owned_threads()
+            assert await memory.get_lease_owner(rt.lease_key("t")) == "other/x.1"
+    error = caught.value
+    key = rt.lease_key("t")
+    assert error.key == key
+    assert error.owner.startswith(f"{rt.process_id}/") and error.owner.endswith(".0")
+    assert error.reason == "expired while opening"
+    assert str(error) == f"lease {key!r} held by {error.owner!r} was lost: expired while opening"
+
+
+@pytest.mark.asyncio
+async def test_a_failed_opening_whose_release_fails_too_raises_the_opening_s_error(
+    backend: MemoryPubSub,
+) -> None:
+    async def handler(run: ThreadRun) -> None:
+        async for _ in run.signals():
+            pass
+
+    provider = FailingCalls(backend)
+    async with ThreadRuntime(backend, handler, lease_provider=provider, ttl_ms=600) as rt:
+        provider.transfer, provider.release = "open", True
+        with pytest.raises(BackendUnavailable, match="simulated network error"):
+            await rt.send_signal("t", 1)
+        assert provider.failed == ["transfer:open", "release"]
+        assert not rt.owned_threads()
+        provider.release = False
+
+
+@pytest.mark.asyncio
+async def test_a_failed_signal_goes_back_to_the_log_saying_why(
+    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tenure.memory")
+    attempts: list[int] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            attempts.append(signal.attempt)
+            if signal.attempt == 1:
+                raise RuntimeError("boom")
+
+    async with ThreadRuntime(backend, handler, idle_timeout=0.05) as rt:
+        sent = await rt.send_signal("t", 1)
+        await eventually(lambda: attempts == [1, 2])
+    [record] = [r for r in caplog.records if r.name == "tenure.memory"]
+    assert record.exc_info is not None
+    assert str(record.exc_info[1]) == f"the handler of thread 't' failed on signal {sent.signal_id}"
