@@ -773,14 +773,36 @@ async def test_a_run_longer_than_the_ttl_keeps_its_lease() -> None:
 
 
 @pytest.mark.asyncio
-async def test_aclose_returns_once_its_sessions_ended_and_leaves_their_signals_unspent(
+async def test_aclose_returns_once_its_sessions_ended(backend: MemoryPubSub) -> None:
+    events: list[RuntimeEvent] = []
+    busy = asyncio.Event()
+
+    async def handler(run: ThreadRun) -> None:
+        async for _ in run.signals():
+            busy.set()
+            await asyncio.sleep(3600)
+
+    a = ThreadRuntime(backend, handler, idle_timeout=0.05, on_event=events.append)
+    async with a:
+        await a.send_signal("t", 1)
+        await asyncio.wait_for(busy.wait(), 5)
+    # aclose() returned: the session has ended, its lease is released, and its
+    # signal is left in the log for the next owner.
+    assert [e.kind for e in events][-2:] == ["run_end", "release"]
+    assert not a.owned_threads()
+    assert await backend.get_lease_owner(a.lease_key("t")) is None
+    status = await ThreadRuntime(backend, handler).thread_status("t")
+    assert (status.owner, status.run_id, status.pending) == (None, None, True)
+
+
+@pytest.mark.asyncio
+async def test_aclose_leaves_the_signal_being_handled_unspent(
     backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The run being handled is cancelled and its signal stays in the log for the
     # next owner as it was: closing a runtime is no failed delivery (a signal
-    # whose owner restarted max_attempts times would otherwise be dropped).
+    # whose owner was closed max_attempts times would otherwise be dropped).
     caplog.set_level(logging.WARNING)
-    events: list[RuntimeEvent] = []
     got: list[tuple[str, Signal]] = []
     busy = asyncio.Event()
 
@@ -791,18 +813,12 @@ async def test_aclose_returns_once_its_sessions_ended_and_leaves_their_signals_u
                 busy.set()
                 await asyncio.sleep(3600)
 
-    a = ThreadRuntime(backend, handler, process_id="a", idle_timeout=0.05, on_event=events.append)
-    async with a:
+    async with ThreadRuntime(backend, handler, process_id="a", idle_timeout=0.05) as a:
         sent = await a.send_signal("t", 1)
         await asyncio.wait_for(busy.wait(), 5)
-    # aclose() returned: the session has ended, its lease is released.
-    assert [e.kind for e in events][-2:] == ["run_end", "release"]
-    assert not a.owned_threads()
-    assert await backend.get_lease_owner(a.lease_key("t")) is None
-    b = ThreadRuntime(backend, handler, process_id="b", idle_timeout=0.05, sweep_interval=0.05)
-    status = await b.thread_status("t")
-    assert (status.owner, status.run_id, status.pending) == (None, None, True)
-    async with b:
+    async with ThreadRuntime(
+        backend, handler, process_id="b", idle_timeout=0.05, sweep_interval=0.05
+    ):
         await eventually(lambda: len(got) == 2)
     assert [(process, s.id, s.attempt) for process, s in got] == [
         ("a", sent.signal_id, 1),
