@@ -101,6 +101,7 @@ async def test_a_lost_run_is_told_why_and_without_cancel_on_loss_goes_on(
         reason,
     )
     assert run.token is not None
+    assert not of_kind(events, "release")  # a lost lease is not announced as released
     [error] = errors
     assert (error.key, error.owner, error.reason) == (
         rt.lease_key("t"),
@@ -163,7 +164,8 @@ class MarkerLog:
     ``markers``: ``"deliver"`` (as the memory backend does), ``"hang"`` (the
     marker's publish never returns: a log that stopped answering), ``"drop"``
     (published, never read back: a subscription that stopped delivering) or
-    ``"hold"`` (the publish waits for ``release``: a slow log). Everything else,
+    ``"hold"`` (the publish waits for ``release``: a slow log) or ``"fail"`` (the
+    publish raises: a log that is unavailable). Everything else,
     the leases included, is the memory backend's. No real fault of the memory
     backend reaches a session's close marker, and on a server none can be timed
     to land on it. ``publishing`` is set when a marker's publish starts;
@@ -178,6 +180,7 @@ class MarkerLog:
         self.publishing = asyncio.Event()
         self.release = asyncio.Event()
         self.backlogs = 0
+        self.markers_published = 0
         # Subscriptions made minus those ended, by topic and callback.
         self.subscriptions: Counter[tuple[str, Any]] = Counter()
         # The next subscribe to this topic fails (no real fault reaches it on memory).
@@ -189,6 +192,9 @@ class MarkerLog:
     async def publish(self, topic: str, event: Event) -> Event:
         if event.type == CLOSE_MARKER:
             self.publishing.set()
+            self.markers_published += 1
+            if self.markers == "fail":
+                raise BackendUnavailable("simulated network error")
             if self.markers == "hang":
                 await asyncio.Event().wait()
             if self.markers == "drop":
@@ -242,7 +248,7 @@ async def test_an_idle_thread_closes_cleanly_after_reading_its_close_marker(
     async with rt:
         sent = await rt.send_signal("t", 1)
         await eventually(lambda: not rt.owned_threads())
-        assert log.publishing.is_set()
+        assert log.markers_published == 1
         # A clean close gives the sweep nothing to look for: it was not woken. The
         # marker was read back: nothing of the thread is left in the log.
         assert log.backlogs == 0
@@ -255,6 +261,9 @@ async def test_an_idle_thread_closes_cleanly_after_reading_its_close_marker(
         ("run_end", sent.run_id),
         ("release", sent.run_id),
     ]
+    token = events[0].token
+    assert token is not None
+    assert described(events, "release") == [("release", "t", sent.run_id, token, None, None)]
     assert messages(caplog, "tenure.runtime", logging.WARNING) == []
     assert messages(caplog, "tenure.memory", logging.WARNING) == []
 
@@ -816,13 +825,16 @@ async def test_aclose_leaves_the_signal_being_handled_unspent(
     async with ThreadRuntime(backend, handler, process_id="a", idle_timeout=0.05) as a:
         sent = await a.send_signal("t", 1)
         await asyncio.wait_for(busy.wait(), 5)
+        queued = await a.send_signal("t", 2)  # waits behind the busy run
+        await until_queued(a, "t", 1)
     async with ThreadRuntime(
         backend, handler, process_id="b", idle_timeout=0.05, sweep_interval=0.05
     ):
-        await eventually(lambda: len(got) == 2)
+        await eventually(lambda: len(got) == 3)
     assert [(process, s.id, s.attempt) for process, s in got] == [
         ("a", sent.signal_id, 1),
         ("b", sent.signal_id, 1),
+        ("b", queued.signal_id, 1),
     ]
     assert messages(caplog, "tenure.memory", logging.WARNING) == []
 
@@ -941,3 +953,26 @@ async def test_a_failed_signal_goes_back_to_the_log_saying_why(
     [record] = [r for r in caplog.records if r.name == "tenure.memory"]
     assert record.exc_info is not None
     assert str(record.exc_info[1]) == f"the handler of thread 't' failed on signal {sent.signal_id}"
+
+
+@pytest.mark.asyncio
+async def test_a_session_that_fails_says_so_and_still_lets_the_thread_go(
+    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="tenure.runtime")
+    events: list[RuntimeEvent] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for _ in run.signals():
+            pass
+
+    log = MarkerLog(backend, "fail")
+    rt = ThreadRuntime(log, handler, idle_timeout=0.05, sweep_interval=60, on_event=events.append)
+    async with rt:
+        sent = await rt.send_signal("t", 1)
+        await eventually(lambda: not rt.owned_threads())
+        assert await backend.get_lease_owner(rt.lease_key("t")) is None
+    [record] = [r for r in caplog.records if r.name == "tenure.runtime"]
+    assert record.getMessage() == f"session {session_of(sent.run_id)} of thread 't' failed"
+    assert record.exc_info is not None and isinstance(record.exc_info[1], BackendUnavailable)
+    assert [e.kind for e in events] == ["wake", "signal", "run_end", "release"]
