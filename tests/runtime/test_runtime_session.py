@@ -12,6 +12,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,8 @@ from tenure import (
     MemoryPubSub,
     ThreadRun,
     ThreadRuntime,
+    capabilities_of,
+    from_url,
 )
 from tenure.runtime import RuntimeEvent, Signal
 from tenure.runtime._session import CLOSE_MARKER, GROUP, INTERRUPT
@@ -492,10 +495,12 @@ async def test_a_local_interrupt_skips_older_signals_that_arrive_after_it(
         older = await b.send_signal("t", "older")
         new = await a.send_signal("t", "new")
         await eventually(lambda: "new" in handler.payloads())
+        await b.send_signal("t", "after")  # skipping has ended with the interrupting signal
+        await eventually(lambda: "after" in handler.payloads())
         await eventually(lambda: not a.owned_threads())
         assert not (await a.thread_status("t")).pending
-    assert handler.payloads() == ["slow", "new"]
-    first, _ = handler.runs
+    assert handler.payloads() == ["slow", "new", "after"]
+    first = handler.runs[0]
     assert described(events, "interrupted") == [
         (
             "interrupted",
@@ -976,3 +981,39 @@ async def test_a_session_that_fails_says_so_and_still_lets_the_thread_go(
     assert record.getMessage() == f"session {session_of(sent.run_id)} of thread 't' failed"
     assert record.exc_info is not None and isinstance(record.exc_info[1], BackendUnavailable)
     assert [e.kind for e in events] == ["wake", "signal", "run_end", "release"]
+
+
+@pytest.mark.asyncio
+async def test_a_session_and_its_runs_are_named_tasks(backend: MemoryPubSub) -> None:
+    names: list[set[str]] = []
+    runs: list[ThreadRun] = []
+
+    async def handler(run: ThreadRun) -> None:
+        runs.append(run)
+        async for _ in run.signals():
+            names.append({task.get_name() for task in asyncio.all_tasks()})  # noqa: PERF401
+
+    async with ThreadRuntime(backend, handler, idle_timeout=0.05) as rt:
+        await rt.send_signal("t", 1)
+        await eventually(lambda: bool(names))
+    [run] = runs
+    assert {f"tenure-session-{session_of(run.run_id)}", f"tenure-run-{run.run_id}"} <= names[0]
+
+
+@pytest.mark.asyncio
+async def test_a_thread_runs_on_sqlite_its_session_reading_under_its_lease_fence(
+    tmp_path: Path,
+) -> None:
+    # SQLite takes a subscription's events only while the thread's lease is held
+    # by the session (Capability.FENCED_TAKES); the memory backend has no fence.
+    handled: list[Any] = []
+
+    async def handler(run: ThreadRun) -> None:
+        handled.extend([signal.payload async for signal in run.signals()])
+
+    async with from_url(f"sqlite:///{tmp_path / 'tenure.db'}") as sqlite:
+        assert Capability.FENCED_TAKES in capabilities_of(sqlite)
+        async with ThreadRuntime(sqlite, handler, idle_timeout=0.05) as rt:
+            await rt.send_signal("t", 1)
+            await rt.send_signal("t", 2)
+            await eventually(lambda: handled == [1, 2] and not rt.owned_threads())
