@@ -943,21 +943,33 @@ async def test_a_failed_opening_whose_release_fails_too_raises_the_opening_s_err
 async def test_a_failed_signal_goes_back_to_the_log_saying_why(
     backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="tenure.memory")
-    attempts: list[int] = []
+    caplog.set_level(logging.WARNING)
+    events: list[RuntimeEvent] = []
+    attempts: list[tuple[str, int]] = []
 
     async def handler(run: ThreadRun) -> None:
         async for signal in run.signals():
-            attempts.append(signal.attempt)
+            attempts.append((run.run_id, signal.attempt))
             if signal.attempt == 1:
                 raise RuntimeError("boom")
 
-    async with ThreadRuntime(backend, handler, idle_timeout=0.05) as rt:
+    rt = ThreadRuntime(backend, handler, idle_timeout=0.05, on_event=events.append)
+    async with rt:
         sent = await rt.send_signal("t", 1)
-        await eventually(lambda: attempts == [1, 2])
+        await eventually(lambda: len(attempts) == 2)
+        await eventually(lambda: not rt.owned_threads())
+    (failed_run, _), (next_run, _) = attempts
+    assert [attempt for _, attempt in attempts] == [1, 2]
     [record] = [r for r in caplog.records if r.name == "tenure.memory"]
     assert record.exc_info is not None
     assert str(record.exc_info[1]) == f"the handler of thread 't' failed on signal {sent.signal_id}"
+    [raised] = [r for r in caplog.records if r.name == "tenure.runtime"]
+    assert raised.getMessage() == f"handler of run {failed_run} (thread 't') raised"
+    assert raised.exc_info is not None and str(raised.exc_info[1]) == "boom"
+    assert [(e.run_id, e.detail) for e in of_kind(events, "run_end")] == [
+        (failed_run, "failed"),
+        (next_run, "ok"),
+    ]
 
 
 @pytest.mark.asyncio
