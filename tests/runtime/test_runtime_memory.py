@@ -431,7 +431,9 @@ async def test_a_handler_that_never_reads_does_not_spin(
             await asyncio.sleep(0.3)
     # One run per delivery attempt of the local log (5), then the signal is dropped.
     assert len(runs) == 5
-    assert "returned without reading" in caplog.text
+    assert f"run {runs[0]} of thread 'thread' returned without reading its signals" in [
+        r.getMessage() for r in caplog.records if r.name == "tenure.runtime"
+    ]
 
 
 @pytest.mark.asyncio

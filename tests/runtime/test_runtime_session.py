@@ -832,10 +832,22 @@ async def test_aclose_leaves_the_signal_being_handled_unspent(
         await asyncio.wait_for(busy.wait(), 5)
         queued = await a.send_signal("t", 2)  # waits behind the busy run
         await until_queued(a, "t", 1)
+    events: list[RuntimeEvent] = []
     async with ThreadRuntime(
-        backend, handler, process_id="b", idle_timeout=0.05, sweep_interval=0.05
+        backend,
+        handler,
+        process_id="b",
+        idle_timeout=0.05,
+        sweep_interval=0.05,
+        on_event=events.append,
     ):
         await eventually(lambda: len(got) == 3)
+    # b's sweep took the thread over, and said so when its run started.
+    [takeover] = of_kind(events, "takeover")
+    assert (takeover.thread_key, takeover.process_id) == ("t", "b")
+    assert takeover.token is not None and takeover.run_id is not None
+    assert [e.kind for e in events if e.run_id == takeover.run_id][:2] == ["takeover", "signal"]
+    assert [e.token for e in of_kind(events, "signal")][:1] == [takeover.token]
     assert [(process, s.id, s.attempt) for process, s in got] == [
         ("a", sent.signal_id, 1),
         ("b", sent.signal_id, 1),
