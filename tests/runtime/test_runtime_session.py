@@ -790,18 +790,24 @@ async def test_a_run_longer_than_the_ttl_keeps_its_lease() -> None:
 async def test_aclose_returns_once_its_sessions_ended(backend: MemoryPubSub) -> None:
     events: list[RuntimeEvent] = []
     busy = asyncio.Event()
+    cancelled: list[str] = []
 
     async def handler(run: ThreadRun) -> None:
         async for _ in run.signals():
             busy.set()
-            await asyncio.sleep(3600)
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.append(run.run_id)
+                raise
 
     a = ThreadRuntime(backend, handler, idle_timeout=0.05, on_event=events.append)
     async with a:
         await a.send_signal("t", 1)
         await asyncio.wait_for(busy.wait(), 5)
-    # aclose() returned: the session has ended, its lease is released, and its
-    # signal is left in the log for the next owner.
+    # aclose() returned: the running handler was cancelled, the session has ended,
+    # its lease is released, and its signal is left in the log for the next owner.
+    assert cancelled == [events[0].run_id]
     assert [e.kind for e in events][-2:] == ["run_end", "release"]
     assert not a.owned_threads()
     assert await backend.get_lease_owner(a.lease_key("t")) is None
@@ -874,7 +880,14 @@ async def test_a_session_ends_every_subscription_it_made_and_only_those(
 
     log = MarkerLog(backend)
     provider = FailingCalls(backend)
-    rt = ThreadRuntime(log, handler, lease_provider=provider, policy="interrupt", idle_timeout=0.05)
+    rt = ThreadRuntime(
+        log,
+        handler,
+        lease_provider=provider,
+        policy="interrupt",
+        idle_timeout=0.05,
+        sweep_interval=60,
+    )
     async with rt:
         if failing == "subscribe":
             log.fail_subscribe = rt.topic("t")
@@ -887,8 +900,13 @@ async def test_a_session_ends_every_subscription_it_made_and_only_those(
                 await rt.send_signal("t", 1)
             assert await backend.get_lease_owner(rt.lease_key("t")) is None
             assert log.subscriptions == Counter(dict.fromkeys(log.subscriptions, 0))
+            if failing != "subscribe":
+                # What it read went back to the log: the runtime sweeps for it at once.
+                await eventually(lambda: log.backlogs >= 1)
         await rt.send_signal("t", 1)
         await eventually(lambda: handled == [1] and not rt.owned_threads())
+    if failing in (None, "subscribe"):
+        assert log.backlogs == 0  # nothing read went back: nothing to sweep for
     assert log.subscriptions, "the session subscribed"
     assert set(log.subscriptions.values()) == {0}
     assert {topic for topic, _ in log.subscriptions} == {rt.topic("t"), rt.names.control("t")}
@@ -1078,3 +1096,37 @@ async def test_aclose_while_a_session_is_still_opening_does_not_fail(
     # aclose returned, a known issue), it ends, and nothing is left owned.
     await asyncio.gather(sending, return_exceptions=True)
     await eventually(lambda: not rt.owned_threads())
+
+
+@pytest.mark.asyncio
+async def test_the_signal_of_a_run_that_lost_its_lease_goes_to_the_next_owner() -> None:
+    # Without cancel_on_loss the run returns normally after its loss: its signal
+    # is still not acknowledged, and a new session runs it.
+    clock = ManualClock()
+    got: list[tuple[str, str, int]] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            got.append((run.run_id, signal.id, signal.attempt))
+            if len(got) == 1:
+                await run.lost.wait()
+            return
+
+    async with MemoryPubSub(clock=clock) as backend:
+        rt = ThreadRuntime(
+            backend,
+            handler,
+            ttl_ms=1000,
+            renew_every_ms=50,
+            idle_timeout=0.05,
+            cancel_on_loss=False,
+        )
+        async with rt:
+            sent = await rt.send_signal("t", 1)
+            await eventually(lambda: len(got) == 1)
+            clock.advance_ms(1500)  # the lease expires: the next renewal is refused
+            await eventually(lambda: len(got) == 2)
+    (lost_run, first_id, _), (next_run, again_id, attempt) = got
+    assert first_id == again_id == sent.signal_id
+    assert attempt == 1  # a loss spends none of the signal's attempts
+    assert session_of(lost_run) != session_of(next_run)
