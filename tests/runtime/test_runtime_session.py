@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -188,6 +189,9 @@ class MarkerLog:
         self.subscriptions: Counter[tuple[str, Any]] = Counter()
         # The next subscribe to this topic fails (no real fault reaches it on memory).
         self.fail_subscribe: str | None = None
+        # Unsubscribes hang (a log that stopped answering): those still hanging.
+        self.hang_unsubscribes = False
+        self.hanging: list[tuple[str, Any]] = []
 
     def get_lease_provider(self) -> MemoryPubSub:
         return self.inner
@@ -215,6 +219,9 @@ class MarkerLog:
 
     async def unsubscribe(self, topic: str, callback: Any) -> None:
         self.subscriptions[topic, callback] -= 1
+        if self.hang_unsubscribes:
+            self.hanging.append((topic, callback))
+            await asyncio.Event().wait()
         await self.inner.unsubscribe(topic, callback)
 
     async def reclaim(self, topic: str, group: str) -> int:
@@ -1130,3 +1137,52 @@ async def test_the_signal_of_a_run_that_lost_its_lease_goes_to_the_next_owner() 
     assert first_id == again_id == sent.signal_id
     assert attempt == 1  # a loss spends none of the signal's attempts
     assert session_of(lost_run) != session_of(next_run)
+
+
+@pytest.mark.asyncio
+async def test_a_new_owner_takes_back_what_a_gone_owner_had_read(
+    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a's log stops answering as a closes: its unsubscribe never completes, so its
+    # subscription still holds the two signals it had read (as a crashed
+    # process's reads stay pending on Redis). b's session takes them back when it
+    # opens, and runs them once a's subscription is finally gone.
+    caplog.set_level(logging.INFO, logger="tenure.runtime")
+    got: list[tuple[str, Any]] = []
+    busy = asyncio.Event()
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            got.append((run.process_id, signal.payload))
+            if run.process_id == "a":
+                busy.set()
+                await asyncio.sleep(3600)
+
+    log = MarkerLog(backend)
+    a = ThreadRuntime(log, handler, process_id="a", unsubscribe_timeout=0.05, sweep_interval=60)
+    async with a:
+        await a.send_signal("t", 1)
+        await asyncio.wait_for(busy.wait(), 5)
+        await a.send_signal("t", 2)
+        await until_queued(a, "t", 1)
+        log.hang_unsubscribes = True
+    [(topic, stale)] = log.hanging
+    events: list[RuntimeEvent] = []
+    b = ThreadRuntime(
+        backend,
+        handler,
+        process_id="b",
+        idle_timeout=0.05,
+        sweep_interval=0.05,
+        on_event=events.append,
+    )
+    async with b:
+        await eventually(lambda: bool(of_kind(events, "takeover")) or bool(b.owned_threads()))
+        await backend.unsubscribe(topic, stale)  # a's subscription is gone at last
+        await eventually(lambda: [p for w, p in got if w == "b"] == [1, 2])
+    took_back = [r.getMessage() for r in caplog.records if "took back" in r.getMessage()]
+    assert took_back, "b's session took back nothing"
+    assert re.fullmatch(
+        r"session [0-9a-f]{12} of 't' took back 2 unfinished signal\(s\) of a previous owner",
+        took_back[0],
+    ), took_back
