@@ -1182,6 +1182,12 @@ async def test_a_new_owner_takes_back_what_a_gone_owner_had_read(
         await eventually(lambda: [p for w, p in got if w == "b"] == [1, 2])
     took_back = [r.getMessage() for r in caplog.records if "took back" in r.getMessage()]
     assert took_back, "b's session took back nothing"
+    # b's sweep took the thread over, and said so when its run started.
+    takeover = of_kind(events, "takeover")[0]
+    signal = of_kind(events, "signal")[0]
+    assert (takeover.thread_key, takeover.process_id) == ("t", "b")
+    assert takeover.token is not None
+    assert (takeover.run_id, takeover.token) == (signal.run_id, signal.token)
     assert re.fullmatch(
         r"session [0-9a-f]{12} of 't' took back 2 unfinished signal\(s\) of a previous owner",
         took_back[0],
