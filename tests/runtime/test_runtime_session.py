@@ -1205,3 +1205,35 @@ async def test_a_new_owner_takes_back_what_a_gone_owner_had_read(
         r"session [0-9a-f]{12} of 't' took back 2 unfinished signal\(s\) of a previous owner",
         took_back[0],
     ), took_back
+
+
+@pytest.mark.asyncio
+async def test_a_run_interrupted_before_it_read_anything_spends_no_attempt(
+    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first run is interrupted while it prepares, before reading a signal:
+    # that is no handler returning without reading, and the interrupting signal
+    # runs next on its first attempt.
+    caplog.set_level(logging.WARNING)
+    got: list[tuple[Any, int]] = []
+    runs: list[ThreadRun] = []
+    preparing = asyncio.Event()
+
+    async def handler(run: ThreadRun) -> None:
+        runs.append(run)
+        if len(runs) == 1:
+            preparing.set()
+            await asyncio.sleep(3600)
+        async for signal in run.signals():
+            got.append((signal.payload, signal.attempt))  # noqa: PERF401 - as each is handled
+
+    options: dict[str, Any] = {"idle_timeout": 0.05, "sweep_interval": 60}
+    a = ThreadRuntime(backend, handler, policy="interrupt", **options)
+    c = ThreadRuntime(backend, handler, policy="interrupt", **options)
+    async with a, c:
+        await a.send_signal("t", "first")
+        await asyncio.wait_for(preparing.wait(), 5)
+        await c.send_signal("t", "new")
+        await eventually(lambda: bool(got))
+    assert got == [("new", 1)]
+    assert messages(caplog, "tenure.runtime", logging.WARNING) == []
