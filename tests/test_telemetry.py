@@ -169,22 +169,54 @@ async def test_the_runtime_counts_its_steps() -> None:
         for k in ("wake", "deliver", "signal", "run_end")
     }
     done = asyncio.Event()
+    seen: list[ThreadRun] = []
 
     async def handler(run: ThreadRun) -> None:
+        seen.append(run)
         async for signal in run.signals():
             if signal.payload == 2:
                 done.set()
+                return
 
     async with tenure.from_url("memory://") as backend, ThreadRuntime(backend, handler) as rt:
         await rt.send_signal("t", 1)
         await rt.send_signal("t", 2)
         await asyncio.wait_for(done.wait(), 10)
+        await eventually(lambda: not rt.owned_threads())
     after = {k: _total("tenure.runtime.events", **{"tenure.runtime.event": k}) for k in before}
+    [run] = seen
     runs = [s for s in _SPANS.get_finished_spans() if s.name == "tenure run"]
     assert runs and runs[-1].attributes is not None
-    assert runs[-1].attributes["tenure.thread"] == "t"
-    assert runs[-1].attributes["tenure.run.end"] in {"ok", "cancelled"}
+    assert dict(runs[-1].attributes) == {
+        "tenure.thread": "t",
+        "tenure.run_id": run.run_id,
+        "tenure.token": run.token,
+        "tenure.run.end": "ok",
+    }
     assert after["wake"] == before["wake"] + 1
     assert after["deliver"] == before["deliver"] + 1
     assert after["signal"] == before["signal"] + 2
     assert after["run_end"] >= before["run_end"] + 1
+
+
+@pytest.mark.asyncio
+async def test_a_run_cancelled_by_aclose_ends_its_span_cancelled() -> None:
+    busy = asyncio.Event()
+    seen: list[ThreadRun] = []
+
+    async def handler(run: ThreadRun) -> None:
+        seen.append(run)
+        async for _ in run.signals():
+            busy.set()
+            await asyncio.sleep(3600)
+
+    async with tenure.from_url("memory://") as backend, ThreadRuntime(backend, handler) as rt:
+        await rt.send_signal("cancelled-run", 1)
+        await asyncio.wait_for(busy.wait(), 10)
+    [run] = seen
+    [span] = [
+        s
+        for s in _SPANS.get_finished_spans()
+        if s.name == "tenure run" and s.attributes and s.attributes["tenure.run_id"] == run.run_id
+    ]
+    assert span.attributes is not None and span.attributes["tenure.run.end"] == "cancelled"

@@ -244,12 +244,15 @@ def _one_signal_per_run(handled: list[tuple[str, Any]], go: asyncio.Event) -> An
     [(True, False), (False, False), (True, True)],
     ids=["applied", "not-applied", "applied-and-the-owner-check-fails"],
 )
-async def test_a_hand_over_whose_transfer_raises(applied: bool, check_fails: bool) -> None:
+async def test_a_hand_over_whose_transfer_raises(
+    applied: bool, check_fails: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     # Applied (the reply was lost): the session reads the owner, sees the next
     # run's name, and the next run goes on as the new owner. Not applied, or
     # applied but the owner cannot be read either: the session cannot know
     # whether it holds the lease, counts it lost, and the signal is run by a
     # later session once this one let go (or, applied, once the lease expired).
+    caplog.set_level(logging.WARNING, logger="tenure.runtime")
     events: list[RuntimeEvent] = []
     handled: list[tuple[str, Any]] = []
     go = asyncio.Event()
@@ -275,6 +278,11 @@ async def test_a_hand_over_whose_transfer_raises(applied: bool, check_fails: boo
     assert [payload for _, payload in handled] == [1, 2]
     first_run, second_run = (run_id for run_id, _ in handled)
     assert first_run != second_run
+    assert f"transfer of {rt.lease_key('t')!r} failed: simulated network error" in [
+        r.getMessage() for r in caplog.records if r.name == "tenure.runtime"
+    ]
+    # Each run ended once: a session that could not hand over starts no other run.
+    assert [e.run_id for e in _runtime_events(events, "run_end")] == [first_run, second_run]
     kinds = [e.kind for e in events]
     if applied and not check_fails:
         assert "lost" not in kinds
@@ -283,7 +291,10 @@ async def test_a_hand_over_whose_transfer_raises(applied: bool, check_fails: boo
     else:
         assert "handover" not in kinds
         [lost] = _runtime_events(events, "lost")
-        assert lost.run_id == first_run and "no longer held at hand-over" in (lost.detail or "")
+        assert (lost.run_id, lost.detail) == (
+            first_run,
+            "the lease was no longer held at hand-over",
+        )
         # The second run is another session's, which took the thread over.
         assert first_run.split(".")[0] != second_run.split(".")[0]
 
@@ -345,7 +356,9 @@ async def test_a_release_that_fails_leaves_the_thread_to_expire_and_be_taken_ove
             assert await memory.get_lease_owner(rt.lease_key("t")) is not None
             assert (await rt.send_signal("t", 2)).outcome == "deliver"
             await eventually(lambda: handled == [1, 2], timeout=10)
-    assert any("releasing" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
+    assert f"releasing {rt.lease_key('t')!r} failed: simulated network error" in [
+        r.getMessage() for r in caplog.records if r.name == "tenure.runtime"
+    ]
     # No "release" announced for the session whose release failed; the thread
     # was taken over by another session.
     [wake] = _runtime_events(events, "wake")

@@ -164,11 +164,18 @@ async def test_waiting_signals_hand_the_lease_over_without_a_gap(backend: Memory
     assert rec.payloads("thread") == [0, 1, 2, 3, 4]
     run_ids = [run_id for _, _, run_id, _ in rec.handled]
     assert len(set(run_ids)) == 5
+    # One session, its runs numbered in order: "<session>.1", "<session>.2", ...
+    session = run_ids[0].rpartition(".")[0]
+    assert run_ids == [f"{session}.{n}" for n in range(1, 6)]
     handovers = [e for e in events if e.kind == "handover"]
     assert [e.run_id for e in handovers] == run_ids[1:]
     tokens = [r.token for r in rec.runs if r.token is not None]
     assert len(tokens) == 5
     assert tokens == sorted(set(tokens)), tokens
+    # Each hand-over names the thread, the new run's token and the run before it.
+    assert [(e.thread_key, e.token, e.detail) for e in handovers] == [
+        ("thread", token, previous) for token, previous in zip(tokens[1:], run_ids, strict=False)
+    ]
     # Sampled from before the first hand-over until the last run took its
     # signal, the lease always has an owner, and it is one of the runs.
     last_taken = max(e.at for e in events if e.kind == "signal")
@@ -424,7 +431,9 @@ async def test_a_handler_that_never_reads_does_not_spin(
             await asyncio.sleep(0.3)
     # One run per delivery attempt of the local log (5), then the signal is dropped.
     assert len(runs) == 5
-    assert "returned without reading" in caplog.text
+    assert f"run {runs[0]} of thread 'thread' returned without reading its signals" in [
+        r.getMessage() for r in caplog.records if r.name == "tenure.runtime"
+    ]
 
 
 @pytest.mark.asyncio

@@ -498,6 +498,7 @@ class Session:
         )
         self.run, self.run_task = run, task
         end: RunEnd = "failed"
+        stopped = False  # the session is being stopped (aclose): no failure of the signal
         try:
             end = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -505,6 +506,7 @@ class Session:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
             if not self.lost.is_set():
+                stopped = True
                 raise
             end = "lost"
         finally:
@@ -512,13 +514,19 @@ class Session:
             run._ended = True
             if run._current is not None:
                 how: Settle = "retry"
-                if self.lost.is_set() or end == "lost":
+                if self.lost.is_set() or end == "lost" or stopped:
                     how = "abandon"
                 elif end in ("ok", "interrupted"):
                     how = "ack"
                 _settle(run._current, how)
                 run._current = None
-            elif not run._taken and self.buffer and not self.lost.is_set() and end != "interrupted":
+            elif (
+                not run._taken
+                and self.buffer
+                and not self.lost.is_set()
+                and end != "interrupted"
+                and not stopped
+            ):
                 # A handler that returns without reading would be run again and again
                 # for the same signal: count it as a failed delivery instead, so the
                 # backend's attempt limit ends the loop.

@@ -82,7 +82,7 @@ async def thread_statuses(
             ThreadStatus(
                 thread_key=key,
                 owner=owner,
-                process_id=None if owner is None else owner.partition("/")[0],
+                process_id=None if owner is None else owner.rpartition("/")[0],
                 run_id=run_of(owner),
                 token=None if record is None else record.token,
                 ttl_ms=None if record is None else record.ttl_ms,
