@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 
 from tenure import (
+    BackendClosed,
     BackendUnavailable,
     Capability,
     Event,
@@ -1098,24 +1099,32 @@ class SlowOpening(FiveMethodsOnly):
 
 
 @pytest.mark.asyncio
-async def test_aclose_while_a_session_is_still_opening_does_not_fail(
+async def test_a_session_still_opening_at_aclose_never_runs_and_aclose_waits_for_it(
     backend: MemoryPubSub,
 ) -> None:
+    ran: list[str] = []
+
     async def handler(run: ThreadRun) -> None:
-        async for _ in run.signals():
-            pass
+        async for signal in run.signals():
+            ran.append(signal.id)  # noqa: PERF401 (seen as it runs, not at its end)
 
     provider = SlowOpening(backend)
     rt = ThreadRuntime(backend, handler, lease_provider=provider, idle_timeout=0.05)
     await rt.start()
     sending = asyncio.ensure_future(rt.send_signal("t", 1))
     await asyncio.wait_for(provider.opening.wait(), 5)
-    await rt.aclose()  # the opening session has no task to stop yet
+    closing = asyncio.ensure_future(rt.aclose())  # the opening session has no task yet
+    await asyncio.sleep(0.05)
     provider.go.set()
-    # Whatever the send then does (today the session it opened starts after
-    # aclose returned, a known issue), it ends, and nothing is left owned.
-    await asyncio.gather(sending, return_exceptions=True)
-    await eventually(lambda: not rt.owned_threads())
+    await asyncio.wait_for(closing, 10)
+    # aclose waited for the opening session, which ended without a run: nothing
+    # owned, the lease free, the send told.
+    assert rt.owned_threads() == [] and ran == []
+    assert await backend.get_lease_owner(rt.names.name("t")) is None
+    with pytest.raises(BackendClosed, match="ThreadRuntime is closed"):
+        await sending
+    await asyncio.sleep(0.2)  # a run started late would show up here
+    assert ran == []
 
 
 @pytest.mark.asyncio

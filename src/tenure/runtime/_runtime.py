@@ -550,7 +550,8 @@ class ThreadRuntime(AsyncCloseable):
         A session whose topic may have no consumer group yet takes the lease
         as ``"<process>/<session>.0"`` (opening) and moves it to ``.1`` once
         subscribed, so senders elsewhere wait before publishing (see
-        ``send_signal``). Raises what the backend raised; then no session exists.
+        ``send_signal``). Raises what the backend raised, or ``BackendClosed`` when the
+        runtime closed while the session opened; then no session exists.
         """
         sid = uuid.uuid4().hex[:12]
         name = self.names.name(thread_key)
@@ -563,6 +564,12 @@ class ThreadRuntime(AsyncCloseable):
         session = Session(self, thread_key, sid, owner, result.token, sent)
         self._sessions[thread_key] = session
         await session.open()
+        if session.stopping or self._closed:
+            # aclose came while it opened: end it without a run and without
+            # announcing anything; what it read goes back to the group.
+            session.announce = kind
+            await session.cleanup()
+            raise BackendClosed("ThreadRuntime is closed")
         self._remember(name)
         if kind == "wake":
             self.emit(
@@ -653,6 +660,7 @@ class ThreadRuntime(AsyncCloseable):
         return task
 
     def session_ended(self, session: Session) -> None:
+        session.ended.set()
         if self._sessions.get(session.thread_key) is session:
             del self._sessions[session.thread_key]
         if not self._closed and (session.lost.is_set() or session.late_send):

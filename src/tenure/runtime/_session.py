@@ -203,6 +203,8 @@ class Session:
         self.marker_seen = asyncio.Event()
         self.closing = False
         self.done = False
+        self.stopping = False  # stop() came (aclose): a session still opening never runs
+        self.ended = asyncio.Event()  # set by the runtime's session_ended
         self.late_send = False
         self.run_task: asyncio.Task[RunEnd] | None = None
         self.run: ThreadRun | None = None
@@ -381,7 +383,7 @@ class Session:
         except Exception:
             logger.exception("session %s of thread %r failed", self.sid, self.thread_key)
         finally:
-            await self._cleanup()
+            await self.cleanup()
 
     async def _close_handshake(self) -> bool:
         """Publish a close marker and read up to it; ``True`` when nothing came before it."""
@@ -607,7 +609,7 @@ class Session:
         if self.rt.cancel_on_loss and task is not None and task is not asyncio.current_task():
             task.cancel()
 
-    async def _cleanup(self) -> None:
+    async def cleanup(self) -> None:
         rt = self.rt
         self.done = True
         while self.buffer:
@@ -636,7 +638,14 @@ class Session:
         rt.session_ended(self)
 
     async def stop(self) -> None:
+        self.stopping = True
         task = self.main_task
-        if task is not None and not task.done():
+        if task is None:
+            # Still opening: whoever opens it sees ``stopping`` and ends it without
+            # a run. Wait for that, within the unsubscribe timeout (a hung backend);
+            # should the opening outlast it, the session still ends without a run.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ended.wait(), self.rt.unsubscribe_timeout)
+        elif not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
