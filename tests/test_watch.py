@@ -49,6 +49,20 @@ def test_each_kind_of_change_is_told_apart() -> None:
     ]
 
 
+def test_a_slow_look_never_turns_an_expiry_into_a_release() -> None:
+    # Read during a look that began at 10.0 and took 0.25 s (a loaded machine):
+    # 300 ms left when read, so it expired between 10.3 and 10.55.
+    short = LeaseRecord("carol", 1, 300)
+    _, seen = changes({}, {"k": short}, 10.0, 10.25)
+    assert seen["k"].at == 10.0  # its TTL counts from the look's start at the latest
+    # Gone in a look from 10.4 to 10.45: it may have expired by then.
+    found, _ = changes(seen, {}, 10.4, 10.45)
+    assert [(c.kind, c.key) for c in found] == [("expired", "k")]
+    # Gone in a look over by 10.29: it cannot have expired, so it was released.
+    found, _ = changes(seen, {}, 10.28, 10.29)
+    assert [(c.kind, c.key) for c in found] == [("released", "k")]
+
+
 def test_a_lease_whose_renewals_stop_is_reported_once() -> None:
     seen = {"k": Seen(LeaseRecord("alice", 1, 3000), 0.0, 3000)}
     steps = [(0.9, 2100), (1.8, 1200), (2.5, 500), (2.8, 200)]

@@ -49,10 +49,17 @@ class Change:
 
 
 def changes(
-    before: dict[str, Seen], now: dict[str, LeaseRecord], at: float
+    before: dict[str, Seen], now: dict[str, LeaseRecord], at: float, done: float | None = None
 ) -> tuple[list[Change], dict[str, Seen]]:
-    """The changes from ``before`` to the leases ``now`` (read at ``at``), and
-    what is known after them."""
+    """The changes from ``before`` to the leases ``now``, and what is known after them.
+
+    ``now`` was read between ``at`` and ``done`` (default ``at``). A TTL read
+    then counts from no earlier than ``at``; a lease missing from ``now`` was
+    last looked for no later than ``done``. So a lease is called released, not
+    expired, only if it could not have expired by ``done``: a slow look (a
+    loaded machine) never turns an expiry into a release.
+    """
+    done = at if done is None else done
     found: list[Change] = []
     after: dict[str, Seen] = {}
     for key, record in now.items():
@@ -65,7 +72,7 @@ def changes(
             continue
         prev = old.record
         if record.token != prev.token:
-            if record.owner != prev.owner and _was_live(old, at):
+            if record.owner != prev.owner and _was_live(old, done):
                 text = f"transferred {prev.owner} -> {record.owner} (token {record.token})"
                 found.append(Change("transferred", key, text))
             else:
@@ -84,7 +91,7 @@ def changes(
     for key, old in before.items():
         if key in now:
             continue
-        if _was_live(old, at):
+        if _was_live(old, done):
             text = f"released by {old.record.owner} (or revoked) (token {old.record.token})"
             found.append(Change("released", key, text))
         else:
@@ -175,16 +182,17 @@ async def _looks(url: str, prefix: str, interval: float, most: int | None) -> No
                 f"watching {redact_url(url)} under {prefix!r} every {interval:g} s "
                 "(a change shorter than that can be missed)"
             )
-            now = {key: record async for key, record in backend.scan_leases(prefix)}
             at = time.monotonic()
+            now = {key: record async for key, record in backend.scan_leases(prefix)}
             known = {key: Seen(record, at, record.ttl_ms) for key, record in now.items()}
             screen.say(f"{_stamp()}  {len(known)} live lease{'' if len(known) == 1 else 's'}")
             screen.show(now, [])
             reported = 0
             for tick in _ticks(interval):
                 await asyncio.sleep(max(0.0, tick - time.monotonic()))
+                at = time.monotonic()
                 now = {key: record async for key, record in backend.scan_leases(prefix)}
-                found, known = changes(known, now, time.monotonic())
+                found, known = changes(known, now, at, time.monotonic())
                 screen.show(now, found)
                 reported += len(found)
                 if most is not None and reported >= most:
