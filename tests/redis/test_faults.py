@@ -371,4 +371,7 @@ async def test_a_reader_blocked_on_a_paused_server_notices_and_reads_again_after
             break
         except BackendUnavailable:
             await asyncio.sleep(0.05)
-    await eventually(lambda: got == [1, 2], timeout=20)
+    await eventually(lambda: 2 in got, timeout=20)
+    # At least once: the acknowledgement of 1 may have been cut off by the pause
+    # (then 1 comes again, before 2), and so may the reply to a publish of 2.
+    assert got == [1] * got.count(1) + [2] * got.count(2), got
