@@ -31,18 +31,6 @@ async def memory() -> AsyncIterator[MemoryPubSub]:
         yield backend
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest_asyncio.fixture
-async def manual(clock: ManualClock) -> AsyncIterator[MemoryPubSub]:
-    """Memory on a manual clock: the test expires leases by moving the backend's time."""
-    async with MemoryPubSub(clock=clock) as backend:
-        yield backend
-
-
 @pytest.mark.asyncio
 async def test_hold_renews_past_the_ttl_and_releases_on_exit(memory: MemoryPubSub) -> None:
     # TTLs in these real-time tests are generous: the machine may be loaded.

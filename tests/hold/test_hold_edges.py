@@ -23,11 +23,9 @@ import contextlib
 import gc
 import logging
 import weakref
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 import tenure
 import tenure._hold
@@ -45,18 +43,6 @@ from ..support.waiting import until_parked
 from .support import FiveMethodsOnly, GatedRelease, GatedRenewal, stall
 
 TAKEN_OVER = "the transfer found the lease no longer held by its owner"
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest_asyncio.fixture
-async def manual(clock: ManualClock) -> AsyncIterator[MemoryPubSub]:
-    """Memory on a manual clock: a lease expires there only when the test moves the clock."""
-    async with MemoryPubSub(clock=clock) as backend:
-        yield backend
 
 
 async def _lose(backend: MemoryPubSub, clock: ManualClock, lease: HeldLease) -> None:

@@ -280,8 +280,16 @@ async def test_an_idle_thread_closes_cleanly_after_reading_its_close_marker(
 
 
 @pytest.mark.asyncio
-async def test_a_close_marker_whose_publish_hangs_closes_the_session_after_marker_timeout(
-    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("fault", "warning"),
+    [
+        ("hang", "publishing the close marker of session {} on 't' took over 0.2 s; closing"),
+        ("drop", "close marker of session {} on 't' not read back within 0.2 s; closing"),
+    ],
+    ids=["publish-hangs", "never-read-back"],
+)
+async def test_a_close_marker_that_fails_closes_the_session_after_marker_timeout(
+    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture, fault: str, warning: str
 ) -> None:
     caplog.set_level(logging.WARNING, logger="tenure.runtime")
     events: list[RuntimeEvent] = []
@@ -290,7 +298,7 @@ async def test_a_close_marker_whose_publish_hangs_closes_the_session_after_marke
         async for _ in run.signals():
             pass
 
-    log = MarkerLog(backend, "hang")
+    log = MarkerLog(backend, fault)
     rt = ThreadRuntime(
         log,
         handler,
@@ -304,40 +312,8 @@ async def test_a_close_marker_whose_publish_hangs_closes_the_session_after_marke
         await eventually(lambda: not rt.owned_threads())
         assert await backend.get_lease_owner(rt.lease_key("t")) is None
     assert [e.kind for e in events] == ["wake", "signal", "run_end", "release"]
-    session = session_of(sent.run_id)
     assert messages(caplog, "tenure.runtime", logging.WARNING) == [
-        f"publishing the close marker of session {session} on 't' took over 0.2 s; closing"
-    ]
-
-
-@pytest.mark.asyncio
-async def test_a_close_marker_never_read_back_closes_the_session_after_marker_timeout(
-    backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING, logger="tenure.runtime")
-    events: list[RuntimeEvent] = []
-
-    async def handler(run: ThreadRun) -> None:
-        async for _ in run.signals():
-            pass
-
-    log = MarkerLog(backend, "drop")
-    rt = ThreadRuntime(
-        log,
-        handler,
-        idle_timeout=0.05,
-        sweep_interval=60,
-        marker_timeout=0.2,
-        on_event=events.append,
-    )
-    async with rt:
-        sent = await rt.send_signal("t", 1)
-        await eventually(lambda: not rt.owned_threads())
-        assert await backend.get_lease_owner(rt.lease_key("t")) is None
-    assert [e.kind for e in events] == ["wake", "signal", "run_end", "release"]
-    session = session_of(sent.run_id)
-    assert messages(caplog, "tenure.runtime", logging.WARNING) == [
-        f"close marker of session {session} on 't' not read back within 0.2 s; closing"
+        warning.format(session_of(sent.run_id))
     ]
 
 
