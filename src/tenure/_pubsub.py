@@ -8,7 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from ._contract import Capability
@@ -117,11 +117,13 @@ def prepare_event(event: Any) -> Event:
         json.dumps(event.data)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"event.data must be JSON-serialisable: {exc}") from None
-    return replace(
-        event,
-        id=event.id or uuid.uuid4().hex,
-        created_at=event.created_at if event.created_at is not None else time.time(),
-        attempt=1,
+    # Built directly: dataclasses.replace costs several times more, on every publish.
+    return Event(
+        event.type,
+        event.data,
+        event.run_id,
+        event.id or uuid.uuid4().hex,
+        event.created_at if event.created_at is not None else time.time(),
     )
 
 

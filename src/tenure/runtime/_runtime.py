@@ -430,12 +430,9 @@ class ThreadRuntime(AsyncCloseable):
             json.dumps(payload)
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(f"payload must be JSON-serialisable: {exc}") from None
-        if self._closed:
-            raise BackendClosed("ThreadRuntime is closed")
-        await self.start()
-        event = Event(
-            type=SIGNAL_TYPE, data={"thread": thread_key, "payload": payload}, id=signal_id
-        )
+        if self._sweeper is None or self._closed:
+            await self.start()  # raises BackendClosed after aclose()
+        event = Event(SIGNAL_TYPE, {"thread": thread_key, "payload": payload}, None, signal_id)
         async with self._thread_lock(thread_key):
             session = self._sessions.get(thread_key)
             if session is not None and not session.done:

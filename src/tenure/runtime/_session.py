@@ -8,7 +8,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from .. import telemetry
@@ -58,12 +58,19 @@ RunEnd = Literal["ok", "failed", "lost", "interrupted"]
 @dataclass(eq=False, slots=True)
 class _Pending:
     signal: Signal
-    done: asyncio.Future[Settle]
+    how: Settle | None = None  # set once, by _settle
+    # The subscription callbacks waiting for ``how`` (a redelivery may add one).
+    # A future each, not one shared: cancelling a callback must leave the signal
+    # unsettled, and a shared future under asyncio.shield costs a loop turn more.
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
 
 def _settle(pending: _Pending, how: Settle) -> None:
-    if not pending.done.done():
-        pending.done.set_result(how)
+    if pending.how is None:
+        pending.how = how
+        for waiter in pending.waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 async def _block_until_cancelled() -> None:
@@ -244,17 +251,24 @@ class Session:
             return  # acknowledged unhandled: an interrupt came after it
         pending = self.inflight.get(signal.id)
         if pending is None:
-            pending = _Pending(signal, asyncio.get_running_loop().create_future())
+            pending = _Pending(signal)
             self.inflight[signal.id] = pending
             self.buffer.append(pending)
             self.arrived.set()
         # else: delivered again while we still hold it (a backend reclaiming an idle
         # entry); settle it like the first copy, once that one is handled.
         try:
-            how = await asyncio.shield(pending.done)
+            if pending.how is None:
+                waiter = asyncio.get_running_loop().create_future()
+                pending.waiters.append(waiter)
+                try:
+                    await waiter
+                finally:
+                    pending.waiters.remove(waiter)
         finally:
-            if pending.done.done() and self.inflight.get(signal.id) is pending:
+            if pending.how is not None and self.inflight.get(signal.id) is pending:
                 del self.inflight[signal.id]
+        how = pending.how
         if how == "retry":
             raise _Refused(
                 f"the handler of thread {self.thread_key!r} failed on signal {signal.id}"
