@@ -1193,6 +1193,51 @@ async def test_a_new_owner_takes_back_what_a_gone_owner_had_read(
 
 
 @pytest.mark.asyncio
+async def test_a_takeover_names_the_run_whose_lease_expired() -> None:
+    # a's run blocks on its signal, which stays unacknowledged: b's sweeps find
+    # the thread and are refused its lease, held by a's run. Then a's lease
+    # expires (the clock moves past the TTL) and a is gone before it could renew
+    # (closed at once, so neither its renewal nor its sweep comes first, as
+    # with a killed process): b takes the thread over and names a's run.
+    clock = ManualClock()
+    busy = asyncio.Event()
+    events: list[RuntimeEvent] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for _ in run.signals():
+            if run.process_id == "a":
+                busy.set()
+                await asyncio.sleep(3600)
+
+    async with MemoryPubSub(clock=clock) as backend:
+        log = MarkerLog(backend)
+        a = ThreadRuntime(
+            backend, handler, process_id="a", ttl_ms=1000, renew_every_ms=50, sweep_interval=60
+        )
+        b = ThreadRuntime(
+            log,
+            handler,
+            process_id="b",
+            ttl_ms=1000,
+            idle_timeout=0.05,
+            sweep_interval=0.02,
+            on_event=events.append,
+        )
+        async with a, b:
+            sent = await a.send_signal("t", 1)
+            await asyncio.wait_for(busy.wait(), 5)
+            swept = log.backlogs
+            await eventually(lambda: log.backlogs >= swept + 2)  # one whole sweep refused
+            assert not of_kind(events, "takeover")
+            clock.advance_ms(1500)  # a's lease expires
+            await a.aclose()
+            await eventually(lambda: bool(of_kind(events, "takeover")))
+    [takeover] = of_kind(events, "takeover")
+    assert (takeover.process_id, takeover.detail) == ("b", sent.run_id)
+    assert takeover.run_id != sent.run_id
+
+
+@pytest.mark.asyncio
 async def test_a_run_interrupted_before_it_read_anything_spends_no_attempt(
     backend: MemoryPubSub, caplog: pytest.LogCaptureFixture
 ) -> None:

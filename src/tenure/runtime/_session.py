@@ -214,7 +214,8 @@ class Session:
         # Set by an interrupt whose signal has not arrived yet: (its id, its send time).
         self.skip_until: tuple[str, float] | None = None
         self.control_subscribed = False
-        # The event still to emit when the first run starts (a watcher's "takeover").
+        # The event still to emit when the first run starts (a watcher's "takeover"),
+        # and its detail: the run id of the owner the sweep last saw hold the thread.
         self.announce: EventKind | None = None
         self.previous: str | None = None
 
