@@ -805,6 +805,10 @@ async def test_aclose_returns_once_its_sessions_ended(
     # its signal is left in the log for the next owner.
     assert cancelled == [events[0].run_id]
     assert steps[-3:] == ["handler done", "run_end", "release"]
+    # Cancelled by aclose, not failed (as its span says too).
+    assert described(events, "run_end") == [
+        ("run_end", "t", events[0].run_id, events[0].token, None, "cancelled")
+    ]
     assert messages(caplog, "tenure.runtime", logging.WARNING) == []
     assert not a.owned_threads()
     assert await backend.get_lease_owner(a.lease_key("t")) is None

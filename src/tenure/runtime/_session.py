@@ -51,8 +51,11 @@ class _Refused(TenureError):
 # one of its attempts (backends retry a raising callback at once and drop the
 # event after ``max_attempts``, so raising here could lose it).
 Settle = Literal["ack", "retry", "abandon"]
-# How a run ended, as the "run_end" event's detail says.
-RunEnd = Literal["ok", "failed", "lost", "interrupted"]
+# How a run ended, as the "run_end" event's detail and the run's span say: its
+# handler returned ("ok") or raised ("failed"), or it was cancelled because the
+# lease was lost ("lost"), by a newer signal ("interrupted") or by the runtime's
+# aclose() ("cancelled").
+RunEnd = Literal["ok", "failed", "lost", "interrupted", "cancelled"]
 
 
 @dataclass(eq=False, slots=True)
@@ -68,6 +71,13 @@ def _settle(pending: _Pending, how: Settle) -> None:
 
 async def _block_until_cancelled() -> None:
     await asyncio.get_running_loop().create_future()
+
+
+def _ended_as(task: asyncio.Task[RunEnd]) -> RunEnd:
+    """How a run whose task is done ended, as its span says (see ``_call_handler``)."""
+    if task.cancelled():
+        return "cancelled"
+    return "failed" if task.exception() is not None else task.result()
 
 
 def run_of(owner: str | None) -> str | None:
@@ -510,6 +520,7 @@ class Session:
                 await asyncio.gather(task, return_exceptions=True)
             if not self.lost.is_set():
                 stopped = True
+                end = _ended_as(task)
                 raise
             end = "lost"
         finally:
@@ -547,7 +558,7 @@ class Session:
         if run.token is not None:
             attributes["tenure.token"] = run.token
         with telemetry.span("tenure run", attributes) as span:
-            end = "cancelled"  # unless the handler's end is known
+            end: RunEnd = "cancelled"  # unless the handler's end is known
             try:
                 end = await self._handle(run)
                 return end

@@ -84,6 +84,12 @@ class RuntimeEvent:
     that sweep saw no holder: the lease was already free when this process first
     looked (it started after the owner died, or the owner released it normally
     and a signal came after its close marker).
+
+    On a ``"run_end"``, ``detail`` says how the run ended: ``"ok"`` (the handler
+    returned), ``"failed"`` (it raised), ``"lost"`` (the lease was lost),
+    ``"interrupted"`` (a newer signal, under the ``interrupt`` policy) or
+    ``"cancelled"`` (the runtime's ``aclose()`` cancelled it); the run's
+    ``tenure run`` span records the same as ``tenure.run.end``.
     """
 
     kind: EventKind
