@@ -160,6 +160,51 @@ async def test_a_run_that_overran_the_renew_deadline_hands_over_to_no_next_run(
     )
 
 
+@pytest.mark.asyncio
+async def test_a_run_kept_after_its_lease_moved_on_or_was_released_is_not_held(
+    backend: MemoryPubSub,
+) -> None:
+    # A handler may keep its ThreadRun (in a task of its own, say). Once the lease
+    # was handed over to the next run, or released as the session ended,
+    # ensure_held raises for it, as HeldLease.ensure_held does after a transfer
+    # or a release.
+    runs: list[ThreadRun] = []
+    during: list[str] = []  # what the first run's ensure_held says during the second
+
+    async def handler(run: ThreadRun) -> None:
+        runs.append(run)
+        async for _ in run.signals():
+            run.ensure_held()
+            if len(runs) == 2:
+                try:
+                    runs[0].ensure_held()
+                    during.append("held")
+                except LeaseLost as exc:
+                    during.append(exc.reason)
+            return
+
+    rt = ThreadRuntime(backend, handler, idle_timeout=0.05, sweep_interval=60)
+    async with rt:
+        await rt.send_signal("t", 1)
+        await rt.send_signal("t", 2)
+        await eventually(lambda: len(runs) == 2 and not rt.owned_threads())
+    first, second = runs
+    assert second.run_id == f"{session_of(first.run_id)}.2"  # a hand-over
+    assert during == [f"it was handed over to run {second.run_id}"]
+    for run, reason in [
+        (first, f"it was handed over to run {second.run_id}"),
+        (second, "it was released"),
+    ]:
+        with pytest.raises(LeaseLost) as caught:
+            run.ensure_held()
+        error = caught.value
+        assert (error.key, error.owner, error.reason) == (
+            rt.lease_key("t"),
+            f"{rt.process_id}/{run.run_id}",
+            reason,
+        )
+
+
 # -- the close handshake ----------------------------------------------------------
 
 

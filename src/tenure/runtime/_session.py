@@ -95,6 +95,7 @@ class ThreadRun:
     __slots__ = (
         "_current",
         "_ended",
+        "_owner",
         "_session",
         "_taken",
         "interrupted",
@@ -106,6 +107,7 @@ class ThreadRun:
 
     def __init__(self, session: Session, run_id: str, token: int | None) -> None:
         self._session = session
+        self._owner = session.owner  # the lease's owner while this run holds it
         self.thread_key = session.thread_key
         self.run_id = run_id
         self.token = token
@@ -131,11 +133,19 @@ class ThreadRun:
         Like :meth:`tenure.HeldLease.ensure_held` (the same renewer decides): it
         raises once the renew deadline has passed without a successful renewal,
         judged on the clock here, so also right after the process was paused or
-        while a renew call hangs.
+        while a renew call hangs. Like it too, it raises once the lease is no
+        longer this run's although it was not lost: handed over to the thread's
+        next run, or released when the session ended (a ``ThreadRun`` kept after
+        its handler returned).
         """
         session = self._session
+        key = session.lease_key
+        if session.owner != self._owner:
+            raise LeaseLost(key, self._owner, f"it was handed over to run {session.run_id}")
         if not session.renewer.check() or session.lost.is_set():
-            raise LeaseLost(session.lease_key, session.owner, session.lost_reason or "lost")
+            raise LeaseLost(key, self._owner, session.lost_reason or "lost")
+        if session.renewer.finished:
+            raise LeaseLost(key, self._owner, "it was released")
 
     def emit(self, kind: EventKind, signal_id: str | None, detail: str | None = None) -> None:
         self._session.rt.emit(
