@@ -18,7 +18,9 @@ Always (cheap, off the hot path):
   ``lost``, ``run_end``, ...), i.e. signals sent, delivered and handled, runs
   and takeovers;
 - a span ``tenure run`` around each run of a thread's handler (its thread, run
-  id and token, and how it ended), so the handler's own spans nest under it.
+  id and token, and how it ended: ``tenure.run.end``, the ``run_end`` event's
+  detail, ``ok``, ``failed``, ``lost``, ``interrupted`` or ``cancelled``), so
+  the handler's own spans nest under it.
 
 Per backend call, only for a backend wrapped with :func:`instrument` (every
 call then pays for a span and a histogram record, so it is a choice):

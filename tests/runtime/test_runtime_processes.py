@@ -349,6 +349,9 @@ async def test_a_killed_owners_signal_runs_when_nobody_sends_again(spawn: Spawne
     started = b.of("run_start", thread="thread")[0]["t"]
     assert started - killed_at <= BOUND + SLACK, started - killed_at
     assert b.of("take", sid=stuck["signal_id"])[0]["attempt"] >= 2
+    # b's sweeps were refused the lease by a's run until it expired: b names it.
+    [takeover] = b.of("event", kind="takeover")
+    assert takeover["detail"] == a.of("run_start", thread="thread")[0]["run"]
 
 
 @pytest.mark.asyncio

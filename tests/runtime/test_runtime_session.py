@@ -160,6 +160,51 @@ async def test_a_run_that_overran_the_renew_deadline_hands_over_to_no_next_run(
     )
 
 
+@pytest.mark.asyncio
+async def test_a_run_kept_after_its_lease_moved_on_or_was_released_is_not_held(
+    backend: MemoryPubSub,
+) -> None:
+    # A handler may keep its ThreadRun (in a task of its own, say). Once the lease
+    # was handed over to the next run, or released as the session ended,
+    # ensure_held raises for it, as HeldLease.ensure_held does after a transfer
+    # or a release.
+    runs: list[ThreadRun] = []
+    during: list[str] = []  # what the first run's ensure_held says during the second
+
+    async def handler(run: ThreadRun) -> None:
+        runs.append(run)
+        async for _ in run.signals():
+            run.ensure_held()
+            if len(runs) == 2:
+                try:
+                    runs[0].ensure_held()
+                    during.append("held")
+                except LeaseLost as exc:
+                    during.append(exc.reason)
+            return
+
+    rt = ThreadRuntime(backend, handler, idle_timeout=0.05, sweep_interval=60)
+    async with rt:
+        await rt.send_signal("t", 1)
+        await rt.send_signal("t", 2)
+        await eventually(lambda: len(runs) == 2 and not rt.owned_threads())
+    first, second = runs
+    assert second.run_id == f"{session_of(first.run_id)}.2"  # a hand-over
+    assert during == [f"it was handed over to run {second.run_id}"]
+    for run, reason in [
+        (first, f"it was handed over to run {second.run_id}"),
+        (second, "it was released"),
+    ]:
+        with pytest.raises(LeaseLost) as caught:
+            run.ensure_held()
+        error = caught.value
+        assert (error.key, error.owner, error.reason) == (
+            rt.lease_key("t"),
+            f"{rt.process_id}/{run.run_id}",
+            reason,
+        )
+
+
 # -- the close handshake ----------------------------------------------------------
 
 
@@ -805,6 +850,10 @@ async def test_aclose_returns_once_its_sessions_ended(
     # its signal is left in the log for the next owner.
     assert cancelled == [events[0].run_id]
     assert steps[-3:] == ["handler done", "run_end", "release"]
+    # Cancelled by aclose, not failed (as its span says too).
+    assert described(events, "run_end") == [
+        ("run_end", "t", events[0].run_id, events[0].token, None, "cancelled")
+    ]
     assert messages(caplog, "tenure.runtime", logging.WARNING) == []
     assert not a.owned_threads()
     assert await backend.get_lease_owner(a.lease_key("t")) is None
@@ -1190,6 +1239,51 @@ async def test_a_new_owner_takes_back_what_a_gone_owner_had_read(
         r"session [0-9a-f]{12} of 't' took back 2 unfinished signal\(s\) of a previous owner",
         took_back[0],
     ), took_back
+
+
+@pytest.mark.asyncio
+async def test_a_takeover_names_the_run_whose_lease_expired() -> None:
+    # a's run blocks on its signal, which stays unacknowledged: b's sweeps find
+    # the thread and are refused its lease, held by a's run. Then a's lease
+    # expires (the clock moves past the TTL) and a is gone before it could renew
+    # (closed at once, so neither its renewal nor its sweep comes first, as
+    # with a killed process): b takes the thread over and names a's run.
+    clock = ManualClock()
+    busy = asyncio.Event()
+    events: list[RuntimeEvent] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for _ in run.signals():
+            if run.process_id == "a":
+                busy.set()
+                await asyncio.sleep(3600)
+
+    async with MemoryPubSub(clock=clock) as backend:
+        log = MarkerLog(backend)
+        a = ThreadRuntime(
+            backend, handler, process_id="a", ttl_ms=1000, renew_every_ms=50, sweep_interval=60
+        )
+        b = ThreadRuntime(
+            log,
+            handler,
+            process_id="b",
+            ttl_ms=1000,
+            idle_timeout=0.05,
+            sweep_interval=0.02,
+            on_event=events.append,
+        )
+        async with a, b:
+            sent = await a.send_signal("t", 1)
+            await asyncio.wait_for(busy.wait(), 5)
+            swept = log.backlogs
+            await eventually(lambda: log.backlogs >= swept + 2)  # one whole sweep refused
+            assert not of_kind(events, "takeover")
+            clock.advance_ms(1500)  # a's lease expires
+            await a.aclose()
+            await eventually(lambda: bool(of_kind(events, "takeover")))
+    [takeover] = of_kind(events, "takeover")
+    assert (takeover.process_id, takeover.detail) == ("b", sent.run_id)
+    assert takeover.run_id != sent.run_id
 
 
 @pytest.mark.asyncio

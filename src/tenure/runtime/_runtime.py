@@ -299,6 +299,8 @@ class ThreadRuntime(AsyncCloseable):
         # Threads whose lease was refused moments ago: their owner, and until when
         # (time.monotonic()) a send skips the lease attempt.
         self._held_elsewhere: dict[str, tuple[str, float]] = {}
+        # Threads whose lease the last sweep was refused: the holder it named.
+        self._swept_holders: dict[str, str] = {}
         self._thread_lock = KeyLocks().hold
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -540,7 +542,11 @@ class ThreadRuntime(AsyncCloseable):
             known.popitem(last=False)
 
     async def _try_start(
-        self, thread_key: str, kind: EventKind, signal_id: str | None = None
+        self,
+        thread_key: str,
+        kind: EventKind,
+        signal_id: str | None = None,
+        previous: str | None = None,
     ) -> tuple[Session | None, str | None]:
         """Acquire the thread's lease and open a session; the session, or the holder's name.
 
@@ -549,6 +555,7 @@ class ThreadRuntime(AsyncCloseable):
         subscribed, so senders elsewhere wait before publishing (see
         ``send_signal``). Raises what the backend raised, or ``BackendClosed`` when the
         runtime closed while the session opened; then no session exists.
+        ``previous`` (a takeover) is the owner the thread's lease was last seen held by.
         """
         sid = uuid.uuid4().hex[:12]
         name = self.names.name(thread_key)
@@ -573,7 +580,7 @@ class ThreadRuntime(AsyncCloseable):
                 kind, thread_key, run_id=session.run_id, token=session.token, signal_id=signal_id
             )
         else:
-            session.announce = kind
+            session.announce, session.previous = kind, run_of(previous)
         session.start()
         return session, session.owner
 
@@ -594,6 +601,9 @@ class ThreadRuntime(AsyncCloseable):
     async def _sweep(self) -> None:
         """Start a session for every thread of the namespace with unfinished signals and no owner."""
         names: list[str] = await self.log.backlog(self.names.prefix, GROUP)
+        # Only the holders seen by the previous sweep are kept: the one that refused
+        # it then is the owner a takeover now replaces (it expired or let go since).
+        holders, self._swept_holders = self._swept_holders, {}
         for name in names:
             thread_key = self.names.thread_of(name)
             if thread_key is None or thread_key in self._sessions or self._closed:
@@ -602,9 +612,14 @@ class ThreadRuntime(AsyncCloseable):
                 if thread_key in self._sessions or self._closed:
                     continue
                 try:
-                    await self._try_start(thread_key, "takeover")
+                    started, holder = await self._try_start(
+                        thread_key, "takeover", previous=holders.get(thread_key)
+                    )
                 except TenureError as exc:
                     logger.warning("taking over %r: %s", thread_key, exc)
+                    continue
+                if started is None and holder is not None:
+                    self._swept_holders[thread_key] = holder
 
     def poke(self) -> None:
         """Sweep now rather than at the next interval."""

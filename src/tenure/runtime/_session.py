@@ -51,8 +51,11 @@ class _Refused(TenureError):
 # one of its attempts (backends retry a raising callback at once and drop the
 # event after ``max_attempts``, so raising here could lose it).
 Settle = Literal["ack", "retry", "abandon"]
-# How a run ended, as the "run_end" event's detail says.
-RunEnd = Literal["ok", "failed", "lost", "interrupted"]
+# How a run ended, as the "run_end" event's detail and the run's span say: its
+# handler returned ("ok") or raised ("failed"), or it was cancelled because the
+# lease was lost ("lost"), by a newer signal ("interrupted") or by the runtime's
+# aclose() ("cancelled").
+RunEnd = Literal["ok", "failed", "lost", "interrupted", "cancelled"]
 
 
 @dataclass(eq=False, slots=True)
@@ -77,6 +80,13 @@ async def _block_until_cancelled() -> None:
     await asyncio.get_running_loop().create_future()
 
 
+def _ended_as(task: asyncio.Task[RunEnd]) -> RunEnd:
+    """How a run whose task is done ended, as its span says (see ``_call_handler``)."""
+    if task.cancelled():
+        return "cancelled"
+    return "failed" if task.exception() is not None else task.result()
+
+
 def run_of(owner: str | None) -> str | None:
     return None if owner is None else owner.rpartition("/")[2]
 
@@ -92,6 +102,7 @@ class ThreadRun:
     __slots__ = (
         "_current",
         "_ended",
+        "_owner",
         "_session",
         "_taken",
         "interrupted",
@@ -103,6 +114,7 @@ class ThreadRun:
 
     def __init__(self, session: Session, run_id: str, token: int | None) -> None:
         self._session = session
+        self._owner = session.owner  # the lease's owner while this run holds it
         self.thread_key = session.thread_key
         self.run_id = run_id
         self.token = token
@@ -128,11 +140,19 @@ class ThreadRun:
         Like :meth:`tenure.HeldLease.ensure_held` (the same renewer decides): it
         raises once the renew deadline has passed without a successful renewal,
         judged on the clock here, so also right after the process was paused or
-        while a renew call hangs.
+        while a renew call hangs. Like it too, it raises once the lease is no
+        longer this run's although it was not lost: handed over to the thread's
+        next run, or released when the session ended (a ``ThreadRun`` kept after
+        its handler returned).
         """
         session = self._session
+        key = session.lease_key
+        if session.owner != self._owner:
+            raise LeaseLost(key, self._owner, f"it was handed over to run {session.run_id}")
         if not session.renewer.check() or session.lost.is_set():
-            raise LeaseLost(session.lease_key, session.owner, session.lost_reason or "lost")
+            raise LeaseLost(key, self._owner, session.lost_reason or "lost")
+        if session.renewer.finished:
+            raise LeaseLost(key, self._owner, "it was released")
 
     def emit(self, kind: EventKind, signal_id: str | None, detail: str | None = None) -> None:
         self._session.rt.emit(
@@ -221,7 +241,8 @@ class Session:
         # Set by an interrupt whose signal has not arrived yet: (its id, its send time).
         self.skip_until: tuple[str, float] | None = None
         self.control_subscribed = False
-        # The event still to emit when the first run starts (a watcher's "takeover").
+        # The event still to emit when the first run starts (a watcher's "takeover"),
+        # and its detail: the run id of the owner the sweep last saw hold the thread.
         self.announce: EventKind | None = None
         self.previous: str | None = None
 
@@ -523,6 +544,7 @@ class Session:
                 await asyncio.gather(task, return_exceptions=True)
             if not self.lost.is_set():
                 stopped = True
+                end = _ended_as(task)
                 raise
             end = "lost"
         finally:
@@ -560,7 +582,7 @@ class Session:
         if run.token is not None:
             attributes["tenure.token"] = run.token
         with telemetry.span("tenure run", attributes) as span:
-            end = "cancelled"  # unless the handler's end is known
+            end: RunEnd = "cancelled"  # unless the handler's end is known
             try:
                 end = await self._handle(run)
                 return end

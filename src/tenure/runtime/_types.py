@@ -77,7 +77,19 @@ class RuntimeEvent:
 
     ``at`` is ``time.monotonic()`` in the process that emitted the event.
     ``detail`` carries a short human-readable note (the reason of a loss, the
-    previous owner on a takeover, ...).
+    previous run's id on a hand-over, ...). On a ``"takeover"`` it is the run id
+    of the previous owner when this process saw it: the holder named when this
+    process's previous sweep (one ``sweep_interval`` earlier) was refused the
+    thread's lease, which has since expired or been let go. It is ``None`` when
+    that sweep saw no holder: the lease was already free when this process first
+    looked (it started after the owner died, or the owner released it normally
+    and a signal came after its close marker).
+
+    On a ``"run_end"``, ``detail`` says how the run ended: ``"ok"`` (the handler
+    returned), ``"failed"`` (it raised), ``"lost"`` (the lease was lost),
+    ``"interrupted"`` (a newer signal, under the ``interrupt`` policy) or
+    ``"cancelled"`` (the runtime's ``aclose()`` cancelled it); the run's
+    ``tenure run`` span records the same as ``tenure.run.end``.
     """
 
     kind: EventKind
