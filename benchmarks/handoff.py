@@ -43,6 +43,7 @@ import redis.asyncio as aioredis
 
 import tenure
 from benchmarks._common import Figure, percentile, print_table, run, stamped
+from benchmarks.postgres import Raw
 
 REDIS_URL = os.environ.get("TENURE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get(
@@ -146,6 +147,53 @@ async def redis_py_handoffs(n: int) -> list[float]:
     return samples
 
 
+async def postgres_raw_handoffs(n: int, schema: str) -> list[float]:
+    """The floor of a PostgreSQL hand-off, with raw statements (``benchmarks/postgres.py``'s):
+    the holder's release notifies at commit (``pg_notify``, commit not waiting for
+    the flush, as tenure's), a ``LISTEN`` connection of the waiter receives it, the
+    waiter's grant commits waiting for the flush. Parked alike; no checks."""
+    holder, waiter = Raw(POSTGRES_URL, schema), Raw(POSTGRES_URL, schema)
+    channel = f"bench_{uuid.uuid4().hex[:12]}"
+    release = (
+        f"WITH r AS ({holder.release_q} RETURNING key) "
+        "SELECT pg_catalog.pg_notify(%(channel)s, '') FROM r"
+    )
+    listener = await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True)
+    samples = []
+    try:
+        await holder.open()
+        await waiter.open()
+        await listener.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+        notices = listener.notifies()
+        key = f"handoff-{uuid.uuid4().hex}"
+        for _ in range(n):
+            assert await holder.acquire(key, "holder")
+            acquired_at = 0.0
+
+            async def wait() -> None:
+                nonlocal acquired_at
+                while not await waiter.acquire(key, "waiter"):
+                    await anext(notices)
+                acquired_at = time.perf_counter()
+
+            task = asyncio.create_task(wait())
+            await asyncio.sleep(_park())
+            assert not task.done()
+            released_at = time.perf_counter()
+            async with holder.pool.connection() as conn:
+                await conn.execute(
+                    release, {"key": key.encode(), "owner": b"holder", "channel": channel}
+                )
+            await task
+            samples.append(acquired_at - released_at)
+            await waiter.release(key, "waiter")
+    finally:
+        await listener.close()
+        await holder.close()
+        await waiter.close()
+    return samples
+
+
 async def renew_comparison(backend: Any, keys: int) -> tuple[float, float]:
     names = [f"renew-{i}" for i in range(keys)]
     semaphore = asyncio.Semaphore(32)
@@ -211,6 +259,16 @@ async def run_backend(kind: str, handoffs: int, keys: int, results: dict[str, fl
         results[f"handoff-{kind}"] = statistics.median(samples)
         print(f"  hand-off  tenure {kind:<9} {_summary(samples)}", flush=True)
         print(f"    (from the release call's return) {_summary(after_return)}", flush=True)
+        if kind == "postgres":
+            # Interleaved with tenure's, in blocks, so that both see the same machine.
+            ours, raw = [], []
+            for _ in range(max(1, handoffs // 10)):
+                ours += (await tenure_handoffs(holder, waiter, 10))[0]
+                raw += await postgres_raw_handoffs(10, schema)
+            results["handoff-postgres"] = statistics.median(ours)
+            results["handoff-postgres-raw"] = statistics.median(raw)
+            print(f"  hand-off  tenure, again    {_summary(ours)}", flush=True)
+            print(f"  hand-off  raw statements   {_summary(raw)}", flush=True)
         if kind == "redis":
             print(f"  Redis PING round trip      {_summary(await redis_pings(60))}", flush=True)
             baseline = await redis_py_handoffs(handoffs)
@@ -246,6 +304,19 @@ async def measure(backends: list[str], handoffs: int, keys: int) -> list[Figure]
         median = results[f"handoff-{kind}"] * 1000
         goal = None if kind not in goals else ("<=", goals[kind])
         found.append(Figure.limit(kind, "hand-off median", median, "ms", goal))
+        if kind == "postgres":
+            raw = results["handoff-postgres-raw"] * 1000
+            found.append(
+                Figure(
+                    "postgres",
+                    "hand-off, speed vs raw release+NOTIFY -> LISTEN -> grant",
+                    median,
+                    raw,
+                    "ms",
+                    raw / median,
+                    (">=", 0.8),
+                )
+            )
         if kind == "redis":
             theirs = results["handoff-redis-py"] * 1000
             found.append(
