@@ -7,6 +7,7 @@ import gc
 import logging
 import sqlite3
 import threading
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -300,3 +301,35 @@ async def test_an_unclosed_backend_warns_when_collected_and_its_thread_stops(
         forget()
     thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+@pytest.mark.asyncio
+async def test_a_fetch_writes_the_queued_acknowledgements_in_its_own_transaction(
+    tmp_path: Path,
+) -> None:
+    # One write-lock turn per fetch instead of two: the acknowledgements queued
+    # when a fetch takes new events are written by the fetch's transaction.
+    db = tmp_path / "acks.db"
+    backend = SqlitePubSub(db)
+    log = backend._log
+    watcher = sqlite3.connect(db)
+    try:
+        gid, _ = await backend._run(log.join, b"t", b"g")
+        await backend.publish("t", Event("x", 1))
+        fetched = await backend._run(log.fetch, gid, b"t", ([], []), deque())
+        assert fetched is not None
+        first = fetched[0]
+        assert [(attempt, body.count('"data":1')) for _, attempt, body in first] == [(1, 1)]
+        await backend.publish("t", Event("x", 2))
+        acks: deque[tuple[int, int, int, bool]] = deque([(gid, first[0][0], 1, False)])
+        commits = watcher.execute("PRAGMA data_version").fetchone()[0]
+        fetched = await backend._run(log.fetch, gid, b"t", ([], []), acks)
+        assert fetched is not None
+        second = fetched[0]
+        assert not acks
+        assert watcher.execute("PRAGMA data_version").fetchone()[0] == commits + 1
+        pending = watcher.execute("SELECT event_id FROM tenure_pending").fetchall()
+        assert pending == [(second[0][0],)]  # the first one's claim is gone, the second is held
+    finally:
+        watcher.close()
+        await backend.aclose()
