@@ -52,7 +52,7 @@ REDIS_URL = os.environ.get("TENURE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 THREAD = "bench-thread"
 TOPIC = "bench-raw"
 # (latency samples, signals per throughput slice, rounds of slices)
-FULL = (300, 250, 12)
+FULL = (300, 250, 40)
 SHORT = (100, 200, 4)
 
 
