@@ -51,11 +51,11 @@ async def test_a_waiter_cancelled_or_a_body_raising_leaves_nothing_behind() -> N
     await asyncio.sleep(0)
     waiter = asyncio.create_task(holder())
     await asyncio.sleep(0.01)
-    assert locks._locks["k"].users == 2
+    assert locks.waiting("k") == 1
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
-    assert locks._locks["k"].users == 1
+    assert locks.waiting("k") == 0
     release.set()
     await held
     assert locks._locks == {}
@@ -66,3 +66,33 @@ async def test_a_waiter_cancelled_or_a_body_raising_leaves_nothing_behind() -> N
     assert locks._locks == {}
     async with locks.hold("k"):  # still usable: the lock was released
         pass
+
+
+async def test_a_waiter_cancelled_as_the_lock_is_handed_to_it_passes_it_on() -> None:
+    """The release hands the lock to the first waiter; if that waiter is cancelled
+    before it runs, the lock goes to the next one, not lost with the cancelled task."""
+    locks = KeyLocks()
+    release = asyncio.Event()
+    got: list[str] = []
+
+    async def holder(name: str) -> None:
+        async with locks.hold("k"):
+            got.append(name)
+            if name == "first":
+                await release.wait()
+
+    first = asyncio.create_task(holder("first"))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(holder("second"))
+    third = asyncio.create_task(holder("third"))
+    await asyncio.sleep(0.01)
+    assert locks.waiting("k") == 2
+    release.set()
+    await asyncio.sleep(0)  # "first" ran and released in this turn, before "second" could run
+    assert first.done() and not second.done()
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    await asyncio.wait_for(third, 1)
+    assert got == ["first", "third"]
+    assert locks._locks == {}
