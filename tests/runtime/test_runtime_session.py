@@ -663,6 +663,31 @@ async def test_a_run_waits_idle_timeout_for_its_next_signal(backend: MemoryPubSu
 
 
 @pytest.mark.asyncio
+async def test_a_run_s_idle_timeout_counts_from_its_latest_signal(backend: MemoryPubSub) -> None:
+    """One timer serves a run's waits and moves only when it fires: signals that
+    keep coming within the idle timeout keep one run going past its first
+    deadline, and once they stop the run ends after the timeout."""
+    handled: list[tuple[str, Any, float]] = []
+    ended: list[float] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append((run.run_id, signal.payload, time.monotonic()))
+        ended.append(time.monotonic())
+
+    async with ThreadRuntime(backend, handler, idle_timeout=0.5) as rt:
+        for i in range(5):  # 1.2 s in all, more than twice the idle timeout
+            await rt.send_signal("t", i)
+            await eventually(lambda i=i: len(handled) == i + 1)
+            if i < 4:
+                await asyncio.sleep(0.3)
+        await eventually(lambda: bool(ended), timeout=5)
+    assert [payload for _, payload, _ in handled] == [0, 1, 2, 3, 4]
+    assert {run_id for run_id, _, _ in handled} == {handled[0][0]}
+    assert ended[0] - handled[-1][2] >= 0.5  # the run's clock is the loop's, time.monotonic()
+
+
+@pytest.mark.asyncio
 async def test_a_signal_delivered_again_while_its_run_holds_it_is_handled_once(
     backend: MemoryPubSub,
 ) -> None:

@@ -212,6 +212,11 @@ class Session:
         self.buffer: deque[_Pending] = deque()
         self.inflight: dict[str, _Pending] = {}
         self.arrived = asyncio.Event()
+        # The idle timer of the run's waits, and the deadline of the wait under way
+        # (the loop's clock); see _wait_arrival.
+        self._timer: asyncio.TimerHandle | None = None
+        self._wake_at = 0.0
+        self._waiting = False
         # The lease is kept by the same component as tenure.hold's: one view of
         # when it counts as lost (per-call time limit, deadline from the send).
         self.renewer = Renewer(
@@ -300,30 +305,51 @@ class Session:
     # -- what runs read -----------------------------------------------------
 
     async def next_signal(self) -> _Pending | None:
-        deadline = time.monotonic() + self.rt.idle_timeout
-        while not self.buffer:
-            if self.lost.is_set():
-                return None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not await self._wait_arrival(remaining):
-                return None
+        if not self.buffer:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.rt.idle_timeout
+            while not self.buffer:
+                if self.lost.is_set() or loop.time() >= deadline:
+                    return None
+                await self._wait_arrival(deadline)
         if self.lost.is_set():
             return None
         return self.buffer.popleft()
 
-    async def _wait_arrival(self, timeout: float) -> bool:
-        """Wait until a signal is buffered or the lease is lost; ``False`` on timeout.
+    async def _wait_arrival(self, deadline: float) -> None:
+        """Wait until a signal is buffered, the lease is lost or the loop's clock
+        reaches ``deadline``; callers look again (a wake-up can be early).
 
-        A loss sets ``arrived`` too (``_lose``): one event to wait on, no task
-        per wait (this runs for every signal a run waits for).
+        A loss sets ``arrived`` too (``_lose``): one event to wait on. The
+        deadline is kept by one timer per session, moved only when it fires
+        before the deadline of the wait under way: a run that waits for each
+        of its signals sets no timer of its own per signal.
         """
         self.arrived.clear()
         if self.buffer or self.lost.is_set():
-            return True
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self.arrived.wait()
-        return bool(self.buffer) or self.lost.is_set()
+            return
+        self._wake_at = deadline
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = asyncio.get_running_loop().call_at(deadline, self._on_timer)
+        self._waiting = True
+        try:
+            await self.arrived.wait()
+        finally:
+            self._waiting = False
+
+    def _on_timer(self) -> None:
+        """The idle timer fired: wake the wait under way if its deadline has come."""
+        self._timer = None
+        if not self._waiting:
+            return  # nobody waits: the next wait sets it again
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._wake_at:
+            self.arrived.set()
+        else:
+            self._timer = loop.call_at(self._wake_at, self._on_timer)
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -402,7 +428,7 @@ class Session:
         rt = self.rt
         try:
             if not self.buffer:
-                await self._wait_arrival(rt.idle_timeout)
+                await self._wait_arrival(asyncio.get_running_loop().time() + rt.idle_timeout)
             while not self.lost.is_set():
                 if not self.buffer and await self._close_handshake():
                     # Decided: from here on, late deliveries are left for the next owner.
@@ -648,6 +674,9 @@ class Session:
     async def cleanup(self) -> None:
         rt = self.rt
         self.done = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         while self.buffer:
             _settle(self.buffer.popleft(), "abandon")
         for pending in list(self.inflight.values()):
