@@ -1,4 +1,5 @@
-"""Names, idempotent sends and double-texting policies, in one process (memory backend).
+"""Names, idempotent sends and double-texting policies, in one process (memory
+backend; the deduplication of signal ids on every backend).
 
 The cross-process versions run in ``test_runtime_processes.py``.
 """
@@ -6,17 +7,32 @@ The cross-process versions run in ``test_runtime_processes.py``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tenure import InvalidArgument, MemoryPubSub, ThreadRun, ThreadRuntime
+import tenure
+from tenure import Event, InvalidArgument, MemoryPubSub, ThreadRun, ThreadRuntime
+from tenure.runtime._session import SIGNAL_TYPE
+
+from ..conftest import TARGETS
 from tenure.runtime._names import ThreadNames
 from tenure.testing import eventually
 
 names_text = st.text(min_size=1, max_size=40)
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgres"])
+def events_url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
+    """An isolated URL of each backend that carries events."""
+    target = TARGETS[request.param]
+    yield target.isolated_url(unique, tmp_path)
+    if target.cleanup is not None:
+        target.cleanup(unique)
 
 
 @given(names_text, names_text, names_text, names_text)
@@ -91,6 +107,45 @@ async def test_a_retried_send_with_the_same_id_is_handled_once() -> None:
         await eventually(lambda: len(handled) >= 2)
         await asyncio.sleep(0.2)
     assert handled == [("msg-1", "hello"), ("msg-2", "next")]
+
+
+@pytest.mark.asyncio
+async def test_only_a_callers_signal_id_is_kept_for_deduplication(events_url: str) -> None:
+    """A caller's id is kept, so a retried send stores nothing; a generated one
+    is not (nobody could send it again), so such a send costs a plain publish.
+
+    Seen through the backend's own deduplication: the same two ids published
+    again straight to the thread's topic. Keeping the generated id too (as the
+    runtime did) makes the second publish return the first signal, and fails.
+    """
+    handled: list[tuple[str, Any]] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append((signal.id, signal.payload))  # noqa: PERF401 - as each is handled
+
+    async with (
+        tenure.events_of(tenure.from_url(events_url)) as backend,
+        ThreadRuntime(backend, handler, idle_timeout=30) as rt,
+    ):
+        mine = await rt.send_signal("t", "kept", signal_id="caller-1")
+        ours = await rt.send_signal("t", "not kept")
+        assert mine.signal_id == "caller-1" and len(ours.signal_id) == 32
+        await eventually(lambda: len(handled) == 2)
+
+        def again(signal_id: str) -> Event:
+            return Event(SIGNAL_TYPE, {"thread": "t", "payload": "again"}, None, signal_id)
+
+        first = await backend.publish(rt.topic("t"), again("caller-1"))
+        assert first.data["payload"] == "kept"  # deduplicated: the first one comes back
+        stored = await backend.publish(rt.topic("t"), again(ours.signal_id))
+        assert stored.data["payload"] == "again"  # stored anew: no record was kept
+        await eventually(lambda: len(handled) == 3)
+    assert handled == [
+        ("caller-1", "kept"),
+        (ours.signal_id, "not kept"),
+        (ours.signal_id, "again"),
+    ]
 
 
 @pytest.mark.asyncio

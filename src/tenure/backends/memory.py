@@ -111,11 +111,14 @@ class _Events(abc.ABC):
         self._check_open()
         assert event.id is not None
         recent = self._recent.setdefault(topic, OrderedDict())
-        if given and event.id in recent:
-            return recent[event.id]  # a retried publish: stored once
-        recent[event.id] = event
-        if len(recent) > _DEDUPE_IDS:
-            recent.popitem(last=False)
+        if given:
+            if event.id in recent:
+                return recent[event.id]  # a retried publish: stored once
+            # Only a publisher's own id is kept, as on the other backends: a
+            # generated one is never published again.
+            recent[event.id] = event
+            if len(recent) > _DEDUPE_IDS:
+                recent.popitem(last=False)
         seq = next(self._seq)
         for target in self._topics.get(topic, {}).values():
             target.queue.append((seq, event))

@@ -416,17 +416,17 @@ class ThreadRuntime(AsyncCloseable):
         another) and will read it from the log, ``"rejected"`` under the
         ``reject`` policy while a run is active (nothing was stored).
 
-        ``signal_id`` (default: a new random id) names the signal: a retried
-        send with the same id stores nothing new, so a caller that got
-        :class:`~tenure.BackendUnavailable` (the outcome is then unknown) can
-        simply send again. Raises :class:`~tenure.InvalidArgument` for a bad
-        key, id or a payload that is not JSON-serialisable, and
+        ``signal_id`` names the signal: a retried send with the same id stores
+        nothing new, so a caller that got :class:`~tenure.BackendUnavailable`
+        (the outcome is then unknown) can simply send again. Without it the
+        backend gives the signal a new random id, and keeps no record to
+        deduplicate it by (nobody could send it again): such a send costs what
+        a plain ``publish`` does. Raises :class:`~tenure.InvalidArgument` for a
+        bad key, id or a payload that is not JSON-serialisable, and
         :class:`~tenure.BackendClosed` after ``aclose()``.
         """
         name = self.names.name(thread_key)
-        if signal_id is None:
-            signal_id = uuid.uuid4().hex
-        else:
+        if signal_id is not None:
             check_name(signal_id, "signal_id")
         try:
             json.dumps(payload)
@@ -442,11 +442,11 @@ class ThreadRuntime(AsyncCloseable):
                     return self._rejected(thread_key, session.run_id, signal_id)
                 stored = await self.log.publish(name, event)
                 if self.policy == "interrupt":
-                    session.interrupt(signal_id, stored.created_at or time.time())
+                    session.interrupt(stored.id or "", stored.created_at or time.time())
                 if session.closing:
                     session.late_send = True
-                self.emit("deliver", thread_key, run_id=session.run_id, signal_id=signal_id)
-                return SendResult("deliver", session.run_id, signal_id, thread_key)
+                self.emit("deliver", thread_key, run_id=session.run_id, signal_id=stored.id)
+                return SendResult("deliver", session.run_id, stored.id or "", thread_key)
             held = self._held_elsewhere.get(thread_key)
             if held is not None and time.monotonic() < held[1] and self.policy != "reject":
                 # A run elsewhere held the thread a moment ago: it reads the signal
@@ -463,7 +463,7 @@ class ThreadRuntime(AsyncCloseable):
                 publishing = asyncio.ensure_future(self.log.publish(name, event))
                 tried = time.monotonic()
                 try:
-                    started, owner = await self._try_start(thread_key, "wake", signal_id)
+                    started, owner = await self._try_start(thread_key)
                 except TenureError as exc:
                     # Stored (unless the publish fails too), but we could not look
                     # for its run: the sweep will.
@@ -473,9 +473,9 @@ class ThreadRuntime(AsyncCloseable):
                     publishing.cancel()
                     await asyncio.gather(publishing, return_exceptions=True)
                     raise
-                stored = await publishing
                 if started is not None:
-                    return SendResult("wake", started.run_id, signal_id, thread_key)
+                    return await self._woke(started, publishing)
+                stored = await publishing
                 self._held_by(thread_key, owner, tried)
             else:
                 # The group may not exist yet (a signal published before it would be
@@ -484,10 +484,9 @@ class ThreadRuntime(AsyncCloseable):
                 pause = 0.002
                 give_up = time.monotonic() + _NO_HOLDER_WAIT
                 while True:
-                    started, owner = await self._try_start(thread_key, "wake", signal_id)
+                    started, owner = await self._try_start(thread_key)
                     if started is not None:
-                        await self.log.publish(name, event)
-                        return SendResult("wake", started.run_id, signal_id, thread_key)
+                        return await self._woke(started, self.log.publish(name, event))
                     if self.policy == "reject" and owner is not None:
                         return self._rejected(thread_key, run_of(owner), signal_id)
                     if owner is None and time.monotonic() >= give_up:
@@ -512,14 +511,50 @@ class ThreadRuntime(AsyncCloseable):
                     self.names.control(thread_key),
                     Event(
                         type=INTERRUPT,
-                        data={"signal": signal_id, "sent_at": stored.created_at},
+                        data={"signal": stored.id, "sent_at": stored.created_at},
                     ),
                 )
             run_id = run_of(owner)
-            self.emit("deliver", thread_key, run_id=run_id, signal_id=signal_id)
-            return SendResult("deliver", run_id, signal_id, thread_key)
+            self.emit("deliver", thread_key, run_id=run_id, signal_id=stored.id)
+            return SendResult("deliver", run_id, stored.id or "", thread_key)
 
-    def _rejected(self, thread_key: str, run_id: str | None, signal_id: str) -> SendResult:
+    async def _woke(self, session: Session, publishing: Awaitable[Event]) -> SendResult:
+        """Finish a send that opened the thread's session here: wait for the
+        signal to be stored, then announce the wake-up and start the session.
+
+        The session starts even if the publish failed or was cancelled, so
+        that it ends (and releases the lease) like any idle one; it then shows
+        up only if something else gives it a run. If the runtime closed
+        meanwhile, the session ends without a run.
+        """
+        try:
+            stored = await publishing
+        except BaseException:
+            session.announce = "wake"
+            await self._start_woken(session)
+            raise
+        self.emit(
+            "wake",
+            session.thread_key,
+            run_id=session.run_id,
+            token=session.token,
+            signal_id=stored.id,
+        )
+        await self._start_woken(session)
+        return SendResult("wake", session.run_id, stored.id or "", session.thread_key)
+
+    async def _start_woken(self, session: Session) -> None:
+        if session.stopping or self._closed:
+            # aclose came while the signal was stored: what the session read goes
+            # back to the group as it ends.
+            session.announce = session.announce or "wake"
+            await session.cleanup()
+            raise BackendClosed("ThreadRuntime is closed")
+        session.start()
+
+    def _rejected(self, thread_key: str, run_id: str | None, signal_id: str | None) -> SendResult:
+        # A signal without an id of the caller's gets the one it would have had.
+        signal_id = signal_id or uuid.uuid4().hex
         self.emit("rejected", thread_key, run_id=run_id, signal_id=signal_id)
         return SendResult("rejected", run_id, signal_id, thread_key)
 
@@ -544,11 +579,14 @@ class ThreadRuntime(AsyncCloseable):
     async def _try_start(
         self,
         thread_key: str,
-        kind: EventKind,
-        signal_id: str | None = None,
+        kind: EventKind = "wake",
         previous: str | None = None,
     ) -> tuple[Session | None, str | None]:
         """Acquire the thread's lease and open a session; the session, or the holder's name.
+
+        A ``"wake"`` (a send) gets its session open but not started: the sender
+        starts it once its signal is stored (``_woke``). A ``"takeover"`` (the
+        sweep) gets it started, to announce itself when it has something to run.
 
         A session whose topic may have no consumer group yet takes the lease
         as ``"<process>/<session>.0"`` (opening) and moves it to ``.1`` once
@@ -575,13 +613,10 @@ class ThreadRuntime(AsyncCloseable):
             await session.cleanup()
             raise BackendClosed("ThreadRuntime is closed")
         self._remember(name)
-        if kind == "wake":
-            self.emit(
-                kind, thread_key, run_id=session.run_id, token=session.token, signal_id=signal_id
-            )
-        else:
+        session.renewer.start()
+        if kind != "wake":
             session.announce, session.previous = kind, run_of(previous)
-        session.start()
+            session.start()
         return session, session.owner
 
     # -- sweeping -----------------------------------------------------------------
