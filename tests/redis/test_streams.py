@@ -268,6 +268,40 @@ async def test_a_member_that_joins_after_one_left_starts_with_its_unfinished_eve
 
 
 @pytest.mark.asyncio
+async def test_a_leaving_member_acknowledges_what_it_finished_in_the_read_it_was_in(
+    clients: tuple[Factory, str],
+) -> None:
+    """Acknowledgements of one read's entries are written together, after the read:
+    a member that leaves in the middle of a read still acknowledges the entries
+    whose callback returned, and hands back only the one it was in."""
+    make, _ = clients
+    leaving, publisher = make(), make()
+    first = collector([])
+    await leaving.subscribe("jobs", first, group="g")  # the group, at the stream's end
+    await leaving.unsubscribe("jobs", first)
+    sent = [await publisher.publish("jobs", Event(type="t", data=i)) for i in range(5)]
+    seen: list[int] = []
+    inside = asyncio.Event()
+
+    async def stops_at_the_last(event: Event) -> None:
+        seen.append(event.data)
+        if event.data == 4:
+            inside.set()
+            await asyncio.Event().wait()  # never finishes
+
+    await leaving.subscribe("jobs", stops_at_the_last, group="g")  # one read gets all five
+    await asyncio.wait_for(inside.wait(), 10)
+    await leaving.unsubscribe("jobs", stops_at_the_last)
+    got: list[Event] = []
+    joining = make(claim_idle_ms=600_000)
+    await joining.subscribe("jobs", collector(got), group="g")
+    await eventually(lambda: len(got) == 1, timeout=10)
+    await asyncio.sleep(0.3)
+    assert seen == [0, 1, 2, 3, 4]
+    assert [(e.id, e.attempt) for e in got] == [(sent[4].id, 1)]
+
+
+@pytest.mark.asyncio
 async def test_closing_the_backend_also_hands_unfinished_events_back(
     clients: tuple[Factory, str],
 ) -> None:

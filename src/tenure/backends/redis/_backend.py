@@ -201,8 +201,10 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     group that is destroyed on unsubscribe and on ``aclose()`` (a process that
     dies leaves it behind: it holds no data but stays listed). A member
     hands its events to its callback one at a time, in stream order. A
-    callback that returns acknowledges (``XACK``, by ``lua/ack.lua``, only
-    while this member still holds the entry); one that raises gets the event
+    callback that returns acknowledges (``XACK``, by ``lua/settle.lua``, only
+    while this member still holds the entry), in a batch with the other
+    entries of the same read, before the member's next read or its hand-back
+    (a process that dies in between gets them again); one that raises gets the event
     again with ``attempt`` increased, up to ``max_attempts`` (default 5), then
     the event is acknowledged, dropped and logged at ERROR. Events a dead
     member of a group never acknowledged are claimed by a live member after
@@ -237,7 +239,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     and after every read that returned newer entries, before handling those:
     so the next reads of the group deliver them before any newer event, with
     ``attempt`` = deliveries so far + 1. The old delivery can no longer
-    settle them: its callback's return acknowledges nothing (``lua/ack.lua``
+    settle them: its callback's return acknowledges nothing (``lua/settle.lua``
     acknowledges an entry only for the consumer that holds it) and its raise
     retries nothing (the retry is not run and is logged at INFO); the event
     is delivered once more, by whoever takes it. Entries a live member had

@@ -2,10 +2,14 @@
 subscription, taking over what others left (in id order, before new entries),
 handing entries to the callback, retrying and acknowledging them.
 
-Acknowledging and retrying are scripts (``lua/ack.lua``, ``lua/retry.lua``)
-that act only while this consumer still holds the entry: once a reclaim (or a
-hand-back, or another member after ``claim_idle_ms``) has taken it away, the
-old delivery settles nothing.
+Acknowledging and retrying are one script (``lua/settle.lua``) that acts only
+on the entries this consumer still holds: once a reclaim (or a hand-back, or
+another member after ``claim_idle_ms``) has taken one away, the old delivery
+settles nothing. Acknowledgements are written in batches: the entries whose
+callback returned are acknowledged together before the reader's next read
+(and before a leaving member hands the rest back), so a burst costs one round
+trip per read rather than one per entry. A process that dies in between gets
+them delivered again, as at-least-once delivery allows.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -27,6 +31,8 @@ __all__ = ["StreamReader"]
 logger = logging.getLogger("tenure.redis")
 
 _SETTLE = load_script("settle")
+# Acknowledgements written by one run of the script at most.
+_ACK_BATCH = 256
 # The consumer that holds handed-back and reclaimed entries until a member takes
 # them. Real members are named "<instance hex>-<n>", so it cannot collide with one.
 _RETURNED = b"tenure.returned"
@@ -58,6 +64,8 @@ class _Sub:
     task: asyncio.Task[None] | None = None
     # Set by unsubscribe: from then on the reader hands nothing to the callback.
     stopped: bool = False
+    # Entries whose callback returned, not yet acknowledged (see write_acks).
+    acks: list[bytes] = field(default_factory=list)
 
 
 class StreamReader(RedisParts):
@@ -90,6 +98,9 @@ class StreamReader(RedisParts):
         history = False
         while not sub.stopped:
             try:
+                # First, so that a retry after a failure does not deliver again
+                # what was handled and not yet acknowledged.
+                await self.write_acks(sub)
                 if not sub.fanout and loop.time() >= next_claim:
                     next_claim = loop.time() + claim_every
                     await self._take(sub)
@@ -151,6 +162,7 @@ class StreamReader(RedisParts):
             )
             for entry_id, fields in claimed or ():
                 await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
+            await self.write_acks(sub)
             if len(pending) < 64:
                 return
 
@@ -188,6 +200,7 @@ class StreamReader(RedisParts):
                 )
                 for entry_id, fields in claimed or ():
                     await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
+                await self.write_acks(sub)
             if len(pending) < 64:
                 return
             start = b"(" + pending[-1]["message_id"]
@@ -242,7 +255,7 @@ class StreamReader(RedisParts):
                     mine = await self._eval(
                         _SETTLE,
                         (sub.stream,),
-                        (sub.group, entry_id, sub.consumer, event.attempt),
+                        (sub.group, sub.consumer, event.attempt, entry_id),
                     )
                 if not mine:
                     logger.info(
@@ -255,5 +268,16 @@ class StreamReader(RedisParts):
                 break
         # CancelledError skips this: the event stays pending, and in a named
         # group another member claims it. An event taken away meanwhile (by a
-        # reclaim) is not acknowledged: it is its new holder's.
-        await self._eval(_SETTLE, (sub.stream,), (sub.group, entry_id, sub.consumer, "ack"))
+        # reclaim) is not acknowledged when the batch is: it is its new holder's.
+        sub.acks.append(entry_id)
+        if len(sub.acks) >= _ACK_BATCH:
+            await self.write_acks(sub)
+
+    async def write_acks(self, sub: _Sub) -> None:
+        """Acknowledge the entries whose callback returned, those this consumer
+        still holds, in one script; they stay queued if Redis cannot be reached."""
+        acks = sub.acks
+        while acks:
+            batch = acks[:_ACK_BATCH]
+            await self._eval(_SETTLE, (sub.stream,), (sub.group, sub.consumer, "ack", *batch))
+            del acks[: len(batch)]

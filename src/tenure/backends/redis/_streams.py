@@ -256,6 +256,8 @@ class RedisStreams(StreamReader, PubSub):
             await self._io(client.xgroup_destroy, sub.stream, sub.group)
             return
         try:
+            # What its callback finished is acknowledged, not handed back.
+            await self.write_acks(sub)
             moved = await self._eval(
                 _HAND_BACK,
                 (sub.stream,),

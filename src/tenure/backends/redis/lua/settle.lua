@@ -1,20 +1,33 @@
--- Settle one delivery of entry ARGV[2] of group ARGV[1] of stream KEYS[1], if
--- the consumer ARGV[3] still holds it. An entry a reclaim (or a hand-back, or
--- another member after claim_idle_ms) has taken away is left to whoever has it
--- now: returns 0 and changes nothing.
---   ARGV[4] == 'ack': acknowledge it.
---   ARGV[4] == a number: record one more delivery (that delivery count, idle
---   time reset), so this consumer may hand it to its callback again.
--- Returns 1 when settled.
+-- Settle deliveries of entries ARGV[4..] of group ARGV[1] of stream KEYS[1]
+-- that the consumer ARGV[2] still holds. An entry a reclaim (or a hand-back,
+-- or another member after claim_idle_ms) has taken away is left to whoever
+-- has it now: nothing changes for it.
+--   ARGV[3] == 'ack': acknowledge them (a reader's batch of handled entries).
+--   ARGV[3] == a number: record one more delivery of each (that delivery
+--   count, idle time reset), so this consumer may hand it to its callback
+--   again.
+-- Returns how many were settled.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-local held = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1, ARGV[3])
+local held = {}
+for i = 4, #ARGV do
+  if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2]) > 0 then
+    held[#held + 1] = ARGV[i]
+  end
+end
 if #held == 0 then
   return 0
 end
-if ARGV[4] == 'ack' then
-  return redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if ARGV[3] == 'ack' then
+  return redis.call('XACK', KEYS[1], ARGV[1], unpack(held))
 end
-redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, ARGV[2], 'RETRYCOUNT', ARGV[4], 'JUSTID')
-return 1
+local claim = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
+for _, id in ipairs(held) do
+  claim[#claim + 1] = id
+end
+claim[#claim + 1] = 'RETRYCOUNT'
+claim[#claim + 1] = ARGV[3]
+claim[#claim + 1] = 'JUSTID'
+redis.call(unpack(claim))
+return #held
