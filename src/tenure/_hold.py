@@ -545,15 +545,18 @@ class _Hold:
             others_cancelled = s.body.uncancel() > 0
             ours_pending = exc_type is not asyncio.CancelledError
         release = _spawn(self._release(lease), f"tenure-release-{s.renewer.key!r}")
-        while True:
+        if ours_pending:
+            # Delivered here if it is still pending; if the body swallowed it,
+            # nothing comes, and a cancellation that arrives while we wait for
+            # the release below is not ours to take. (One delivery stands for
+            # every request made so far: with another's among them, it goes on.)
             try:
-                await asyncio.shield(release)
-                break
+                await asyncio.sleep(0)
             except asyncio.CancelledError:
-                if ours_pending:
-                    ours_pending = False
-                    continue
-                raise  # cancelled from outside: the release carries on by itself
+                if others_cancelled:
+                    raise
+        # From here a cancellation came from outside: the release carries on by itself.
+        await asyncio.shield(release)
         if (
             s.cancelled_body
             and not others_cancelled

@@ -526,6 +526,38 @@ async def test_a_cancellation_from_outside_during_the_release_after_a_loss_is_no
 
 
 @pytest.mark.asyncio
+async def test_an_outside_cancellation_during_the_release_counts_after_the_body_swallowed_ours(
+    manual: MemoryPubSub, clock: ManualClock
+) -> None:
+    """The body swallows hold's loss cancellation and returns; while the block
+    releases, its task is cancelled from outside. That cancellation is not
+    hold's own still on its way: the block raises it, and the release goes on."""
+    gated = GatedRelease(manual)
+    leases: list[HeldLease] = []
+    swallowed = asyncio.Event()
+
+    async def body() -> None:
+        async with tenure.hold(gated, "k", "a", 10_000) as lease:
+            leases.append(lease)
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                swallowed.set()
+
+    task = asyncio.create_task(body())
+    await eventually(lambda: bool(leases))
+    await _lose(manual, clock, leases[0])
+    await asyncio.wait_for(swallowed.wait(), 10)
+    await asyncio.wait_for(gated.releasing.wait(), 10)
+    task.cancel()
+    await asyncio.sleep(0.01)  # delivered while the block waits for the release
+    gated.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(gated.released.wait(), 10)  # the release carried on
+
+
+@pytest.mark.asyncio
 async def test_a_loss_noticed_while_the_block_exits_does_not_cancel_it(
     manual: MemoryPubSub, clock: ManualClock
 ) -> None:
