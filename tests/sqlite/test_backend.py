@@ -333,3 +333,30 @@ async def test_a_fetch_writes_the_queued_acknowledgements_in_its_own_transaction
     finally:
         watcher.close()
         await backend.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_refused_acquire_is_decided_by_a_read_without_the_write_lock(
+    tmp_path: Path,
+) -> None:
+    """A key another owner holds is refused by a read: the answer comes while
+    another connection holds the file's write lock (WAL readers are not
+    blocked). A write transaction would wait for that lock and fail after
+    busy_timeout_ms, as a grant does."""
+    db = tmp_path / "t.db"
+    async with SqlitePubSub(str(db), busy_timeout_ms=300) as backend:
+        assert (await backend.acquire_lease("k", "alice", 60_000)).acquired
+        locker = sqlite3.connect(db, isolation_level=None)
+        try:
+            locker.execute("BEGIN IMMEDIATE")
+            refused = await asyncio.wait_for(backend.acquire_lease("k", "bob", 60_000), 30)
+            assert (refused.acquired, refused.owner, refused.token) == (False, "alice", None)
+            with pytest.raises(BackendUnavailable, match="locked"):
+                await asyncio.wait_for(backend.acquire_lease("k2", "bob", 60_000), 30)
+            with pytest.raises(BackendUnavailable, match="locked"):  # the holder extends: a write
+                await asyncio.wait_for(backend.acquire_lease("k", "alice", 60_000), 30)
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        assert (await backend.acquire_lease("k2", "bob", 60_000)).acquired
+        assert await backend.get_lease_owner("k") == "alice"

@@ -61,6 +61,13 @@ class SqliteLeases(LeaseCore, Connected):
         self, conn: sqlite3.Connection, key: bytes, owner: bytes, ttl_ms: int
     ) -> tuple[bool, bytes, int | None]:
         execute = conn.execute
+        # A look first, outside any transaction: a key another owner holds is
+        # refused without taking the file's write lock, which every writer of
+        # the file shares (a refusal changes nothing; the row was live when
+        # read, since its deadline is past the clock read after it).
+        rows = execute(_SELECT_LEASE, (key,)).fetchall()
+        if rows and acquire_step(rows[0][0], rows[0][2], owner, self._clock()) == REFUSE:
+            return False, rows[0][0], None
         execute("BEGIN IMMEDIATE")
         now = self._clock()
         row = execute(_SELECT_LEASE, (key,)).fetchone()
