@@ -336,16 +336,18 @@ async def test_a_fetch_writes_the_queued_acknowledgements_in_its_own_transaction
 
 
 @pytest.mark.asyncio
-async def test_a_refused_acquire_is_decided_by_a_read_without_the_write_lock(
+async def test_an_acquire_of_a_key_seen_held_is_refused_by_a_read_without_the_write_lock(
     tmp_path: Path,
 ) -> None:
-    """A key another owner holds is refused by a read: the answer comes while
-    another connection holds the file's write lock (WAL readers are not
-    blocked). A write transaction would wait for that lock and fail after
-    busy_timeout_ms, as a grant does."""
+    """Once an acquire here found a key held by another owner, the next ones are
+    refused by a read while that lease lasts: the answer comes while another
+    connection holds the file's write lock (WAL readers are not blocked). A
+    write transaction would wait for that lock and fail after busy_timeout_ms,
+    as a grant still does, and as the first try of a key does."""
     db = tmp_path / "t.db"
     async with SqlitePubSub(str(db), busy_timeout_ms=300) as backend:
         assert (await backend.acquire_lease("k", "alice", 60_000)).acquired
+        assert not (await backend.acquire_lease("k", "bob", 60_000)).acquired  # seen held
         locker = sqlite3.connect(db, isolation_level=None)
         try:
             locker.execute("BEGIN IMMEDIATE")
@@ -360,3 +362,5 @@ async def test_a_refused_acquire_is_decided_by_a_read_without_the_write_lock(
             locker.close()
         assert (await backend.acquire_lease("k2", "bob", 60_000)).acquired
         assert await backend.get_lease_owner("k") == "alice"
+        await backend.release_lease("k", "alice")
+        assert (await backend.acquire_lease("k", "bob", 60_000)).acquired  # free: the read sees it

@@ -38,6 +38,10 @@ def encode_many(keys: Sequence[str]) -> list[bytes]:
     return [k.encode() for k in keys]
 
 
+# Keys remembered as held elsewhere (see _acquire_job), at most.
+_HELD_KEYS = 10_000
+
+
 class SqliteLeases(LeaseCore, Connected):
     """Leases in the file, read and written by the worker thread's jobs.
 
@@ -52,6 +56,9 @@ class SqliteLeases(LeaseCore, Connected):
         self._watched: dict[str, int | None] = {}
         # Touched only by jobs, on the worker thread.
         self._next_lease_sweep = -math.inf
+        # Keys an acquire here found held by another owner, and that lease's
+        # deadline then: until it passes, an acquire of the key reads first.
+        self._held_until: dict[bytes, float] = {}
 
     # -- jobs, on the worker thread ---------------------------------------------------
     # The hot path: BEGIN IMMEDIATE ... COMMIT spelled out; on any error the
@@ -61,20 +68,30 @@ class SqliteLeases(LeaseCore, Connected):
         self, conn: sqlite3.Connection, key: bytes, owner: bytes, ttl_ms: int
     ) -> tuple[bool, bytes, int | None]:
         execute = conn.execute
-        # A look first, outside any transaction: a key another owner holds is
-        # refused without taking the file's write lock, which every writer of
-        # the file shares (a refusal changes nothing; the row was live when
-        # read, since its deadline is past the clock read after it).
-        rows = execute(_SELECT_LEASE, (key,)).fetchall()
-        if rows and acquire_step(rows[0][0], rows[0][2], owner, self._clock()) == REFUSE:
-            return False, rows[0][0], None
+        held = self._held_until
+        if held.get(key, -math.inf) > self._clock():
+            # Found held by another owner moments ago, so likely still held (a
+            # sender trying a busy thread's lease, a waiter looking again): a
+            # look first, outside any transaction, refuses it without taking
+            # the file's write lock, which every writer of the file shares. A
+            # refusal changes nothing, and the row was live when read (its
+            # deadline is past the clock read after it). Other keys go straight
+            # to the write: a grant would pay for the look.
+            rows = execute(_SELECT_LEASE, (key,)).fetchall()
+            if rows and acquire_step(rows[0][0], rows[0][2], owner, self._clock()) == REFUSE:
+                held[key] = rows[0][2]
+                return False, rows[0][0], None
         execute("BEGIN IMMEDIATE")
         now = self._clock()
         row = execute(_SELECT_LEASE, (key,)).fetchone()
         step = GRANT if row is None else acquire_step(row[0], row[2], owner, now)
         if step == REFUSE:
             execute("COMMIT")
+            if len(held) >= _HELD_KEYS:
+                held.clear()
+            held[key] = row[2]
             return False, row[0], None
+        held.pop(key, None)
         deadline = now + ttl_ms / 1000
         if step == EXTEND:
             execute(_EXTEND_LEASE, (deadline, key))
