@@ -545,15 +545,16 @@ class _Hold:
             others_cancelled = s.body.uncancel() > 0
             ours_pending = exc_type is not asyncio.CancelledError
         release = _spawn(self._release(lease), f"tenure-release-{s.renewer.key!r}")
-        if ours_pending:
+        if ours_pending and s.body is not None:
             # Delivered here if it is still pending; if the body swallowed it,
             # nothing comes, and a cancellation that arrives while we wait for
-            # the release below is not ours to take. (One delivery stands for
-            # every request made so far: with another's among them, it goes on.)
+            # the release below is not ours to take. One delivery stands for
+            # every request made so far: with another's among them (counted by
+            # the task once ours was taken back), it goes on.
             try:
                 await asyncio.sleep(0)
             except asyncio.CancelledError:
-                if others_cancelled:
+                if others_cancelled or s.body.cancelling():
                     raise
         # From here a cancellation came from outside: the release carries on by itself.
         await asyncio.shield(release)
