@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 import tenure
 from tenure import Event, InvalidArgument, MemoryPubSub, ThreadRun, ThreadRuntime
+from tenure.runtime._names import ThreadNames
 from tenure.runtime._session import SIGNAL_TYPE
+from tenure.testing import eventually
 
 from ..conftest import TARGETS
-from tenure.runtime._names import ThreadNames
-from tenure.testing import eventually
 
 names_text = st.text(min_size=1, max_size=40)
 

@@ -12,7 +12,7 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -672,13 +672,16 @@ async def test_a_run_s_idle_timeout_counts_from_its_latest_signal(backend: Memor
 
     async def handler(run: ThreadRun) -> None:
         async for signal in run.signals():
-            handled.append((run.run_id, signal.payload, time.monotonic()))
+            handled.append((run.run_id, signal.payload, time.monotonic()))  # noqa: PERF401 - as each is handled
         ended.append(time.monotonic())
+
+    def handled_count(n: int) -> Callable[[], bool]:
+        return lambda: len(handled) == n
 
     async with ThreadRuntime(backend, handler, idle_timeout=0.5) as rt:
         for i in range(5):  # 1.2 s in all, more than twice the idle timeout
             await rt.send_signal("t", i)
-            await eventually(lambda i=i: len(handled) == i + 1)
+            await eventually(handled_count(i + 1))
             if i < 4:
                 await asyncio.sleep(0.3)
         await eventually(lambda: bool(ended), timeout=5)
