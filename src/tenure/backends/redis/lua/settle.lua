@@ -3,9 +3,9 @@
 -- or another member after claim_idle_ms) has taken away is left to whoever
 -- has it now: nothing changes for it.
 --   ARGV[3] == 'ack': acknowledge them (a reader's batch of handled entries).
---   ARGV[3] == a number: record one more delivery of each (that delivery
---   count, idle time reset), so this consumer may hand it to its callback
---   again.
+--   ARGV[3] == a number: record one more delivery of the one entry ARGV[4]
+--   (that delivery count, idle time reset), so this consumer may hand it to
+--   its callback again.
 -- Returns how many were settled.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
@@ -22,12 +22,5 @@ end
 if ARGV[3] == 'ack' then
   return redis.call('XACK', KEYS[1], ARGV[1], unpack(held))
 end
-local claim = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
-for _, id in ipairs(held) do
-  claim[#claim + 1] = id
-end
-claim[#claim + 1] = 'RETRYCOUNT'
-claim[#claim + 1] = ARGV[3]
-claim[#claim + 1] = 'JUSTID'
-redis.call(unpack(claim))
-return #held
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, held[1], 'RETRYCOUNT', ARGV[3], 'JUSTID')
+return 1
