@@ -185,6 +185,52 @@ async def test_events_of_a_killed_subscriber_are_reclaimed_by_a_live_member(
 
 
 @pytest.mark.asyncio
+async def test_a_member_killed_before_its_read_s_acknowledgements_loses_nothing(
+    clients: tuple[Factory, str], redis_url: str, tmp_path: Path
+) -> None:
+    """A member acknowledges a read's entries together, after the read: one killed
+    in the middle of a read has finished some entries without acknowledging
+    them. They come back to a live member (a second attempt), with the rest."""
+    make, prefix = clients
+    creator = make()
+    first = collector([])
+    await creator.subscribe("work", first, group="g")  # the group, at the stream's end
+    await creator.unsubscribe("work", first)
+    publisher = make()
+    sent = [await publisher.publish("work", Event(type="t", data=i)) for i in range(5)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.redis._subscriber",
+        redis_url,
+        prefix,
+        "work",
+        "g",
+        str(tmp_path),
+        "3",  # finishes 0, 1 and 2, hangs in 3: all five came in its first read
+        cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "got").exists():
+            assert proc.returncode is None, "the subscriber process died"
+            assert time.monotonic() < deadline, "the subscriber process never got to event 3"
+            await asyncio.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    assert (tmp_path / "got").read_text() == "3"
+    got: list[Event] = []
+    survivor = make(claim_idle_ms=300)
+    await survivor.subscribe("work", collector(got), group="g")
+    await eventually(lambda: len(got) >= 5, timeout=20)
+    await asyncio.sleep(0.5)
+    assert sorted((e.data, e.attempt) for e in got) == [(0, 2), (1, 2), (2, 2), (3, 2), (4, 2)]
+    assert {e.id for e in got} == {e.id for e in sent}
+
+
+@pytest.mark.asyncio
 async def test_flush_waits_for_local_handling(clients: tuple[Factory, str]) -> None:
     make, _ = clients
     backend = make()
