@@ -26,11 +26,6 @@ class KeyLocks:
         """Hold ``key``'s lock for the ``async with`` body."""
         return _Hold(self, key)
 
-    def waiting(self, key: str) -> int:
-        """How many tasks wait for ``key`` (0 also when it is free)."""
-        waiters = self._locks.get(key)
-        return 0 if waiters is None else sum(not w.done() for w in waiters)
-
     async def _acquire(self, key: str) -> None:
         waiters = self._locks.get(key)
         if waiters is None:
