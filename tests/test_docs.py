@@ -9,6 +9,9 @@ Each Markdown file is read by Sybil, and its blocks run in order in one namespac
 - ```` ```bash ````, ```` ```console ```` and ```` ```sh ```` blocks are commands
   (a demo, the test suite, a soak, a CLI session on a deployed server): each one is
   preceded by ``<!-- skip: next "why" -->``, and a shell block without one fails.
+  One that is quick and self-contained runs after ``<!-- own-process: "why" -->``,
+  in ``bash -euo pipefail`` from the repository's root, the virtualenv first on
+  ``PATH``; its output is ``printed``.
 - Untagged, ```` ```text ```` and ```` ```mermaid ```` blocks are output, layouts and
   diagrams, not code; any other language fails until this file says how to run it.
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import subprocess
 import sys
@@ -72,10 +76,28 @@ def _run_python(example: Example) -> None:
 
 
 def _shell(example: Example) -> None:
+    if example.namespace.pop(_OWN_PROCESS, None) is not None:
+        _run_command(example)
+        return
     raise AssertionError(
         f"{example.path}:{example.line}: a shell block neither runs nor says why: "
         'put <!-- skip: next "why" --> before it, or make it a python block'
     )
+
+
+def _run_command(example: Example) -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", str(example.parsed)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"{example.path}:{example.line}:\n{result.stderr}"
+    example.namespace["printed"] = result.stdout
 
 
 def _own_process(example: Example) -> None:
