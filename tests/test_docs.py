@@ -15,8 +15,9 @@ Each Markdown file is read by Sybil, and its blocks run in order in one namespac
 - Untagged, ```` ```text ```` and ```` ```mermaid ```` blocks are output, layouts and
   diagrams, not code; any other language fails until this file says how to run it.
 
-Blocks that need a server use the shared ones (``TENURE_TEST_REDIS_URL``,
-``TENURE_TEST_POSTGRES_URL``) and fail when it is missing.
+Blocks that need a server use the shared Redis and PostgreSQL at their default
+addresses (127.0.0.1, ports 6379 and 5432), as a reader would, and fail when one is
+missing.
 """
 
 from __future__ import annotations
@@ -46,24 +47,29 @@ NOT_CODE = ("", "text", "mermaid")
 _OWN_PROCESS = "__own_process__"
 
 
+def _in_own_process(example: Example, argv: list[str]) -> None:
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = subprocess.run(
+        [*argv, str(example.parsed)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"{example.path}:{example.line}:\n{result.stderr}"
+    example.namespace["printed"] = result.stdout
+
+
 def _run_python(example: Example) -> None:
     namespace = example.namespace
-    source = str(example.parsed)
-    reason = namespace.pop(_OWN_PROCESS, None)
-    if reason is not None:
-        result = subprocess.run(
-            [sys.executable, "-c", source],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert result.returncode == 0, f"{example.path}:{example.line}:\n{result.stderr}"
-        namespace["printed"] = result.stdout
+    if namespace.pop(_OWN_PROCESS, None) is not None:
+        _in_own_process(example, [sys.executable, "-c"])
         return
     code = compile(
-        "\n" * (example.line + example.parsed.line_offset) + source,
+        "\n" * (example.line + example.parsed.line_offset) + str(example.parsed),
         example.path,
         "exec",
         dont_inherit=True,
@@ -77,27 +83,12 @@ def _run_python(example: Example) -> None:
 
 def _shell(example: Example) -> None:
     if example.namespace.pop(_OWN_PROCESS, None) is not None:
-        _run_command(example)
+        _in_own_process(example, ["bash", "-euo", "pipefail", "-c"])
         return
     raise AssertionError(
         f"{example.path}:{example.line}: a shell block neither runs nor says why: "
         'put <!-- skip: next "why" --> before it, or make it a python block'
     )
-
-
-def _run_command(example: Example) -> None:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", str(example.parsed)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, f"{example.path}:{example.line}:\n{result.stderr}"
-    example.namespace["printed"] = result.stdout
 
 
 def _own_process(example: Example) -> None:
@@ -108,7 +99,7 @@ def _own_process(example: Example) -> None:
 
 
 class _OwnProcessParser:
-    """``<!-- own-process: "why" -->``: the next python block runs in a fresh interpreter."""
+    """``<!-- own-process: "why" -->``: the next block runs in a process of its own."""
 
     def __init__(self) -> None:
         self.lexer = DirectiveInHTMLCommentLexer(directive="own-process")
