@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tenure import ConfigurationError, MemoryPubSub, default_url, from_url
-from tenure._url import redact, redact_url
+from tenure._url_options import redact, redact_url
 
 
 @pytest.mark.asyncio
@@ -120,3 +120,21 @@ def test_redact_hides_password_fields_of_dsns(text: str) -> None:
 
 def test_redact_hides_given_secrets_in_every_written_form() -> None:
     assert redact("failed for p@ss and p%40ss", ["p@ss"]) == "failed for *** and ***"
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("redis:/127.0.0.1:6379/7", "'redis:/': a redis:// URL needs two slashes"),
+        ("redis:127.0.0.1:6379", "'redis:': a redis:// URL needs two slashes"),
+        ("Postgresql:/h/db", "'Postgresql:/': a postgresql:// URL needs two slashes"),
+    ],
+)
+def test_a_known_scheme_with_too_few_slashes_is_named(url: str, said: str) -> None:
+    with pytest.raises(ConfigurationError, match="no scheme") as caught:
+        from_url("127.0.0.1:6379")
+    assert "known schemes" in str(caught.value)
+    with pytest.raises(ConfigurationError) as caught:
+        from_url(url)
+    assert said in str(caught.value)
+    assert "no scheme" not in str(caught.value)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._errors import BackendUnavailable, ConfigurationError, InvalidArgument
-from ._url import default_url, from_url, redact_url
+from ._url import default_url, from_url
+from ._url_options import redact_url
 
 __all__ = ["EXIT_UNAVAILABLE", "EXIT_UNSAFE", "Finding", "doctor", "parse_info"]
 

@@ -23,7 +23,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from ..._errors import BackendClosed, BackendUnavailable, ConfigurationError, TenureError
-from ..._url import redact
+from ..._url_options import redact
 from ._listen import PgListener
 
 __all__ = ["PgConnection", "check_identifier"]

@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from ..._contract import AcquireResult, LeaseRecord
 from ..._doctor import Finding
 from ..._errors import ConfigurationError
-from ..._url import parse_query, to_bool, to_int, to_seconds
+from ..._url_options import parse_query, to_bool, to_int, to_seconds
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore, prefix_range
 from ._connection import PgConnection
 

@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from ..._errors import BackendUnavailable, TenureError
-from ..._url import redact
+from ..._url_options import redact
 
 if TYPE_CHECKING:
     from ._connection import PgConnection

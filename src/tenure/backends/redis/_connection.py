@@ -34,7 +34,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError, R
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._errors import BackendUnavailable, ConfigurationError
-from ..._url import parse_query, redact, redact_url, to_bool, to_int
+from ..._url_options import parse_query, redact, redact_url, to_bool, to_int
 
 __all__ = [
     "RedisConnection",

@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 from ..._contract import Capability
 from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError
-from ..._url import parse_query, redact_url
+from ..._url_options import parse_query, redact_url
 from .._core import LEASE_CAPABILITIES
 from ._connection import CHUNK, SYNCHRONOUS, Options, Worker, in_list, load_sql
 from ._events import SqliteEvents
