@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ._contract import Backend
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, TenureError
+from ._url_options import redact, url_secrets
 
 __all__ = ["backend_class", "default_url", "from_url"]
 
@@ -123,5 +124,14 @@ def from_url(url: str | None = None, **options: Any) -> Backend:
     """
     if url is None:
         url = default_url()
-    backend: Backend = backend_class(url).from_url(url, **options)
+    try:
+        backend: Backend = backend_class(url).from_url(url, **options)
+    except TenureError as exc:
+        # Each backend redacts its own messages; this is the net under them,
+        # whatever a driver's parser chose to quote.
+        secrets = url_secrets(url) if isinstance(url, str) else []
+        shown = redact(str(exc), secrets)
+        if shown != str(exc):
+            raise type(exc)(shown) from None
+        raise
     return backend

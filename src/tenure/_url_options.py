@@ -22,6 +22,7 @@ __all__ = [
     "to_bool",
     "to_int",
     "to_seconds",
+    "url_secrets",
 ]
 
 
@@ -39,11 +40,39 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     ``password=…`` fields (URL queries, key=value DSNs) are hidden too, whatever
     their value.
     """
-    for secret in secrets:
-        if secret:
-            for form in {secret, quote(secret, safe=""), quote(secret)}:
-                text = text.replace(form, "***")
+    forms = {
+        form
+        for secret in secrets
+        if secret
+        for form in (secret, quote(secret, safe=""), quote(secret))
+    }
+    # Longest first: a secret that contains another must go whole.
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, "***")
     return _PASSWORD_FIELD.sub(lambda m: m.group(1) + "***", text)
+
+
+def url_secrets(url: str) -> list[str]:
+    """Every password written in ``url`` (a URL or a key=value DSN), as written and decoded.
+
+    Found by plain text rules, not by a URL parser, so that a URL a parser
+    refuses (an invalid percent escape, a raw ``@`` or ``#`` in the password)
+    still gives its secrets up to :func:`redact`. It errs on the side of
+    hiding more: every reading of the user-info counts.
+    """
+    found: list[str] = []
+    _, sep, after = url.partition("://")
+    if sep and "@" in after:
+        # The user-info ends at the last "@" before the path, or at the last
+        # "@" at all when a raw "/" or "#" is in the password.
+        for end in {after.rfind("@"), after.split("/", 1)[0].rfind("@"), after.find("@")}:
+            if end > 0:
+                user_info = after[:end]
+                if ":" in user_info:
+                    found.append(user_info.partition(":")[2])
+    found.extend(match.group(2).strip("'") for match in _PASSWORD_FIELD.finditer(url))
+    secrets = {s for raw in found for s in (raw, unquote(raw), unquote(raw).replace("+", " "))}
+    return sorted((s for s in secrets if s), key=len, reverse=True)
 
 
 def redact_url(url: str) -> str:

@@ -23,7 +23,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from ..._errors import BackendClosed, BackendUnavailable, ConfigurationError, TenureError
-from ..._url_options import redact
+from ..._url_options import redact, url_secrets
 from ._listen import PgListener
 
 __all__ = ["PgConnection", "check_identifier"]
@@ -101,7 +101,9 @@ def _describe(conninfo: str) -> tuple[str, str | None]:
     port = params.get("port")
     dbname = params.get("dbname") or ""
     where = f"postgresql://{f'{user}@' if user else ''}{host}{f':{port}' if port else ''}/{dbname}"
-    return where, (str(password) if password else None)
+    # libpq's reading of a badly written URL can put the password in any field.
+    secret = str(password) if password else None
+    return redact(where, [secret, *url_secrets(conninfo)]), secret
 
 
 def _misconfigured(exc: BaseException) -> bool:
@@ -222,9 +224,9 @@ class PgConnection:
             try:
                 conninfo_to_dict(conninfo)
             except psycopg.Error as exc:
-                _, password = _describe(conninfo)
+                # libpq quotes the token it refused, which can be the password.
                 raise ConfigurationError(
-                    f"invalid PostgreSQL URL or conninfo: {redact(str(exc), [password])}"
+                    f"invalid PostgreSQL URL or conninfo: {redact(str(exc), url_secrets(conninfo))}"
                 ) from None
             self.pool = AsyncConnectionPool(
                 conninfo,
@@ -241,7 +243,12 @@ class PgConnection:
         self._max_size = pool.max_size if pool is not None else max_size
         self._listen_conninfo = listen_conninfo if listen_conninfo is not None else conninfo
         self.where, password = _describe(conninfo)
-        self.secrets = (password, _describe(self._listen_conninfo)[1])
+        self.secrets = (
+            password,
+            _describe(self._listen_conninfo)[1],
+            *url_secrets(conninfo),
+            *url_secrets(self._listen_conninfo),
+        )
         # A NOTIFY channel is an identifier of at most 63 bytes; a hash of the
         # qualified table name fits whatever the names are.
         digest = hashlib.sha256(f"{self.schema}\0{self.table}".encode()).hexdigest()[:24]

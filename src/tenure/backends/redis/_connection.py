@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 from types import TracebackType
 from typing import Any, cast
-from urllib.parse import SplitResult, unquote, unquote_plus, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -34,7 +34,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError, R
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._errors import BackendUnavailable, ConfigurationError
-from ..._url_options import parse_query, redact, redact_url, to_bool, to_int
+from ..._url_options import parse_query, redact, redact_url, to_bool, to_int, url_secrets
 
 __all__ = [
     "RedisConnection",
@@ -187,21 +187,6 @@ _RETRY_KEYWORDS = ("retry", "retry_on_timeout", "retry_on_error")
 _OUR_KEYWORDS = {*OUR_OPTIONS, "block_ms", "owns_client"}
 
 
-def _url_secrets(url: str) -> list[str]:
-    """The passwords written in ``url`` (user-info and ``*password=`` values, as
-    written and decoded), if it parses."""
-    try:
-        parts = urlsplit(url)
-        secrets = [parts.password or "", unquote(parts.password or "")]
-    except ValueError:
-        return []
-    for segment in parts.query.split("&"):
-        name, _, value = segment.partition("=")
-        if "password" in unquote(name).lower():
-            secrets += [value, unquote(value), unquote_plus(value)]
-    return [secret for secret in secrets if secret]
-
-
 def client_from_url(url: str, options: dict[str, Any]) -> tuple[aioredis.Redis, dict[str, Any]]:
     """The client for ``url`` (retries off) and the backend's own options.
 
@@ -210,7 +195,7 @@ def client_from_url(url: str, options: dict[str, Any]) -> tuple[aioredis.Redis, 
     would turn retries on, or one the connection class does not take (e.g.
     ``ssl_*`` on ``redis://``). No message shows a password.
     """
-    secrets = _url_secrets(url)
+    secrets = url_secrets(url)
     shown = redact_url(url)
     try:
         query = parse_query(url, OUR_OPTIONS, theirs=THEIR_OPTIONS, what="Redis URL")
