@@ -59,7 +59,8 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     the prefix's first grant reached it has no marker, while that grant may be
     in use), or it started less than that ago without ``appendfsync always``,
     or its clock is behind its start time, or ``FLUSHALL``/``FLUSHDB`` ran
-    since it started, or it has evicted keys; when the marker's replication ID is not the server's and
+    less than ``max_ttl_ms`` before a tenure client first saw that it had run
+    (see *Flushes* below), or it has evicted keys; when the marker's replication ID is not the server's and
     the server was promoted from a replica (``master_replid2``), or restarted
     without ``appendfsync always``; when keys were evicted since the marker
     was written. Every new lease connection runs the same check before its
@@ -68,6 +69,19 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     owner=None, retry_after_ms=…)``, ``hold`` and ``acquire_wait`` raise
     :class:`LeaseUnavailable` saying so, and one warning with the reason is
     logged per quarantine. Leases that survived are still named as held.
+
+    *Flushes.* Redis does not say when a flush ran, only how many
+    ``FLUSHALL``/``FLUSHDB`` calls it has served since it started. The first
+    client that finds a marker missing after a new count records, once for
+    the whole server, when it saw that count: the key ``tenure:flush-seen``
+    in database 0 (outside every prefix, and read whatever the client's
+    database; on a cluster one per key slot). Every flush counted ran before
+    that time, so a lease it erased is over ``max_ttl_ms`` later: a prefix
+    first used within that window is quarantined until its end, one first
+    used after it is granted at once. A ``FLUSHDB`` of any database counts
+    for all (Redis does not say which one was flushed). If the record cannot
+    be read or written (an ACL that limits keys to the prefix), every flush
+    counts as seen now, as if no client had seen it before.
 
     *When the server counts as new* (no quarantine at first contact): the
     marker is written in the same step as any grant of the prefix needs it,

@@ -568,6 +568,8 @@ class RedisConnection:
         pool: Any = getattr(client, "connection_pool", None)
         self._sentinel: Any = getattr(pool, "sentinel_manager", None)
         self._listen_client: aioredis.Redis | None = None
+        #: The database number (0 on a cluster).
+        self.db = int(kwargs.get("db") or 0)
         if self.cluster:
             nodes = client.nodes_manager.startup_nodes.values()
             seen = ",".join(f"{n.host}:{n.port}" for n in nodes)

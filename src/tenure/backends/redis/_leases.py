@@ -39,6 +39,8 @@ _GET = load_script("get")
 _REVOKE = load_script("revoke")
 _EPOCH = load_script("epoch")
 _MARKER = b"epoch"
+# Outside every prefix: one per server (see _flush_record_of).
+_FLUSH_RECORD = b"tenure:flush-seen"
 _GLOB_SPECIAL = frozenset(b"\\*?[]")
 _LEASE_SUFFIX = b"}:lease"
 
@@ -82,6 +84,11 @@ class RedisLeases(RedisParts, LeaseCore):
         self._min_replicas = min_replicas
         self._replica_wait_ms = replica_wait_ms
         self._marker = self._p + _MARKER
+        # Where epoch.lua remembers when a flush was first seen: one record for
+        # the whole server (database 0), whatever the prefix and database, so
+        # a flush quarantines new prefixes only while a lease it may have
+        # erased can still be live. On a cluster, one per slot.
+        self._db = b"" if self._conn.cluster else b"%d" % self._conn.db
         self._cluster = b"1" if self._conn.cluster else b"0"
         if min_replicas and self._conn.pipe is None:
             raise ConfigurationError(
@@ -113,6 +120,13 @@ class RedisLeases(RedisParts, LeaseCore):
         if self._conn.cluster:
             return self._p + b"{" + slot_tag(lease) + b"}:" + _MARKER
         return self._marker
+
+    def _flush_record_of(self, marker: bytes) -> bytes:
+        """The server-wide flush record (see ``epoch.lua``); on a cluster, the one
+        in ``marker``'s slot."""
+        if self._conn.cluster:
+            return _FLUSH_RECORD + b":{" + marker.partition(b"{")[2].partition(b"}")[0] + b"}"
+        return _FLUSH_RECORD
 
     # -- the five methods ----------------------------------------------------------
 
@@ -185,11 +199,12 @@ class RedisLeases(RedisParts, LeaseCore):
             marker = self._marker_of(self._p + b"{}")
         reply = await self._eval(
             _EPOCH,
-            (marker,),
+            (marker, self._flush_record_of(marker)),
             (
                 self._quarantine_ms,
                 b"1" if self._conn.durable else b"0",
                 b"1" if marker in self._seen_markers else b"0",
+                self._db,
             ),
         )
         left, reason = int(reply[0]), reply[1].decode("utf-8")
@@ -229,8 +244,12 @@ class RedisLeases(RedisParts, LeaseCore):
                 for slot, nodes in slots.items()
                 if nodes and nodes[0].name == owner[0].name and slot != key_slot(lease)
             ]
+            # One key each (no flush record): a flush counts as seen now, as the
+            # loss that started this sweep did.
             await self._conn.eval_per_key(
-                _EPOCH, markers, (self._quarantine_ms, b"1" if self._conn.durable else b"0", b"0")
+                _EPOCH,
+                markers,
+                (self._quarantine_ms, b"1" if self._conn.durable else b"0", b"0", b""),
             )
         except Exception as exc:  # best effort: each slot still checks at its first grant
             logger.info("quarantining every slot of a Redis Cluster node failed: %r", exc)
@@ -240,7 +259,15 @@ class RedisLeases(RedisParts, LeaseCore):
         durable = b"1" if self._conn.durable else b"0"
         seen = b"1" if self._marker in self._seen_markers else b"0"
         await conn.send_command(
-            "EVAL", _EPOCH.body, 1, self._marker, self._quarantine_ms, durable, seen
+            "EVAL",
+            _EPOCH.body,
+            2,
+            self._marker,
+            _FLUSH_RECORD,
+            self._quarantine_ms,
+            durable,
+            seen,
+            self._db,
         )
         try:
             reply = await conn.read_response()
