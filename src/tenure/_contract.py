@@ -18,29 +18,48 @@ __all__ = [
     "EventBackend",
     "LeaseProvider",
     "LeaseRecord",
+    "RefusalReason",
     "capabilities_of",
 ]
+
+
+class RefusalReason(enum.StrEnum):
+    """Why ``acquire_lease`` refused (:attr:`AcquireResult.reason`).
+
+    A string enum: it compares equal to, and prints as, its value. More
+    reasons may come with new backends; treat an unknown one as a refusal.
+    """
+
+    #: Another owner holds the key; :attr:`AcquireResult.owner` names it.
+    HELD = "held"
+    #: The backend refuses every new grant for a while, because it may have
+    #: lost leases that are still in use (the Redis backend after a restart,
+    #: a flush, an eviction or a failover); grants resume after about
+    #: :attr:`AcquireResult.retry_after_ms`. No holder is named.
+    QUARANTINE = "quarantine"
 
 
 @dataclass(frozen=True, slots=True, init=False)
 class AcquireResult:
     """The outcome of ``acquire_lease``.
 
-    On success ``acquired`` is true, ``owner`` is the caller and ``token`` the
-    fencing token of the grant. On failure ``owner`` is the holder read in the
-    same atomic step (``None`` only if the backend could not name one) and
-    ``token`` is ``None``.
+    On success ``acquired`` is true, ``owner`` is the caller, ``token`` the
+    fencing token of the grant and ``reason`` is ``None``. On failure
+    ``reason`` says why (a :class:`RefusalReason`), ``owner`` is the holder
+    read in the same atomic step (``None`` when the refusal is not about a
+    holder: a quarantine) and ``token`` is ``None``.
 
     ``retry_after_ms`` is set only on a refusal that names no holder because
-    the backend refuses every new grant for a while (the Redis backend's
-    quarantine after it may have lost leases): grants resume in about that
-    many milliseconds. ``None`` otherwise.
+    the backend refuses every new grant for a while (``reason`` is
+    ``RefusalReason.QUARANTINE``): grants resume in about that many
+    milliseconds. ``None`` otherwise.
     """
 
     acquired: bool
     owner: str | None
     token: int | None = None
     retry_after_ms: int | None = None
+    reason: RefusalReason | None = None
 
     # Hand-written because it is on every backend's hot path: the generated
     # frozen __init__ is about twice as slow.
@@ -51,12 +70,14 @@ class AcquireResult:
         token: int | None = None,
         *,
         retry_after_ms: int | None = None,
+        reason: RefusalReason | None = None,
         _set: Callable[[object, str, object], None] = object.__setattr__,
     ) -> None:
         _set(self, "acquired", acquired)
         _set(self, "owner", owner)
         _set(self, "token", token)
         _set(self, "retry_after_ms", retry_after_ms)
+        _set(self, "reason", reason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from ._contract import AcquireResult, Capability, capabilities_of
+from ._contract import AcquireResult, Capability, RefusalReason, capabilities_of
 from ._detect import is_lease_provider
 from ._errors import BackendClosed, InvalidArgument
 from ._pubsub import Event
@@ -179,6 +179,7 @@ class LeaseContract:
         assert result.acquired is True
         assert result.owner == "alice"
         assert isinstance(result.token, int)
+        assert result.reason is None
         assert await lease_provider.get_lease_owner(key) == "alice"
 
     @pytest.mark.asyncio
@@ -187,7 +188,10 @@ class LeaseContract:
     ) -> None:
         await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
         result = await lease_provider.acquire_lease(key, "bob", self.ttl_ms)
-        assert result == AcquireResult(acquired=False, owner="alice", token=None)
+        assert result == AcquireResult(
+            acquired=False, owner="alice", token=None, reason=RefusalReason.HELD
+        )
+        assert result.reason == "held"  # a StrEnum: the value reads as the reason
         assert await lease_provider.get_lease_owner(key) == "alice"
 
     @pytest.mark.asyncio
@@ -199,6 +203,7 @@ class LeaseContract:
         again = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
         assert again.acquired and again.owner == "alice"
         assert again.token == first.token
+        assert again.reason is None
         await advance(self.ttl_ms * 6 // 10)  # past the first grant's deadline
         assert await lease_provider.get_lease_owner(key) == "alice"
 

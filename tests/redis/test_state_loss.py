@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 import tenure
-from tenure import AcquireResult, LeaseUnavailable
+from tenure import AcquireResult, LeaseUnavailable, RefusalReason
 from tenure.backends.redis import RedisStreamsPubSub
 from tenure.fencing import MemoryFencedStore
 
@@ -41,6 +41,7 @@ def refused_for_now(result: AcquireResult) -> bool:
     return (
         not result.acquired
         and result.owner is None
+        and result.reason is RefusalReason.QUARANTINE
         and result.retry_after_ms is not None
         and 0 < result.retry_after_ms <= MAX_TTL + 1000 + MAX_TTL // 100
     )

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from ..._contract import AcquireResult, LeaseRecord
+from ..._contract import AcquireResult, LeaseRecord, RefusalReason
 from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError, InvalidArgument
 from ..._validate import MAX_TTL_MS
@@ -372,7 +372,7 @@ class EtcdLeases(LeaseCore):
                 put[:] = [_Write(name, owner, lease.token, ttl), lease.token]
                 return put[0], AcquireResult(True, owner, lease.token)
             assert lease is not None
-            return None, AcquireResult(False, lease.owner, None)
+            return None, AcquireResult(False, lease.owner, None, reason=RefusalReason.HELD)
 
         # A key this process did not write is most often free: try that first.
         guess = self._seen.get(name)

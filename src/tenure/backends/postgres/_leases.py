@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from psycopg_pool import AsyncConnectionPool
 
-from ..._contract import AcquireResult, LeaseRecord
+from ..._contract import AcquireResult, LeaseRecord, RefusalReason
 from ..._doctor import Finding
 from ..._errors import ConfigurationError
 from ..._url_options import parse_query, to_bool, to_int, to_seconds
@@ -261,7 +261,7 @@ class PostgresLeaseProvider(LeaseCore):
         holder, token = rows[0]
         if holder == wanted:
             return AcquireResult(True, owner, int(token))
-        return AcquireResult(False, bytes(holder).decode(), None)
+        return AcquireResult(False, bytes(holder).decode(), None, reason=RefusalReason.HELD)
 
     async def _read(self, key: str) -> LeaseRecord | None:
         rows = await self._conn.execute("get_lease", self._q_get, {"key": key.encode()}, retry=True)

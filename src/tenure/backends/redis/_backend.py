@@ -66,7 +66,8 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     was written. Every new lease connection runs the same check before its
     first command, so after a failover (a reconnection) the first grant is
     already judged. A refused grant returns ``AcquireResult(acquired=False,
-    owner=None, retry_after_ms=…)``, ``hold`` and ``acquire_wait`` raise
+    owner=None, retry_after_ms=…, reason=RefusalReason.QUARANTINE)``, ``hold``
+    and ``acquire_wait`` raise
     :class:`LeaseUnavailable` saying so, and one warning with the reason is
     logged per quarantine. Leases that survived are still named as held.
 

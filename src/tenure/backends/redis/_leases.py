@@ -16,7 +16,7 @@ from typing import Any
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from ..._contract import AcquireResult, LeaseRecord
+from ..._contract import AcquireResult, LeaseRecord, RefusalReason
 from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore
@@ -39,6 +39,8 @@ _GET = load_script("get")
 _REVOKE = load_script("revoke")
 _EPOCH = load_script("epoch")
 _MARKER = b"epoch"
+_HELD = RefusalReason.HELD
+_QUARANTINE = RefusalReason.QUARANTINE
 # Outside every prefix: one per server (see _flush_record_of).
 _FLUSH_RECORD = b"tenure:flush-seen"
 _GLOB_SPECIAL = frozenset(b"\\*?[]")
@@ -132,7 +134,7 @@ class RedisLeases(RedisParts, LeaseCore):
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
         """Claim ``key``; during a quarantine ``AcquireResult(False, None,
-        retry_after_ms=…)`` (see the class docstring)."""
+        retry_after_ms=…, reason=RefusalReason.QUARANTINE)`` (see the class docstring)."""
         ttl = self._args(key, owner, ttl_ms)
         lease, counter = self._lease_key(key)
         args = (
@@ -159,12 +161,14 @@ class RedisLeases(RedisParts, LeaseCore):
                 await self._replicated(key, "grant", owner)
             return AcquireResult(True, owner, int(reply[1]))
         if status == 0:
-            return AcquireResult(False, reply[1].decode("utf-8"), None)
+            return AcquireResult(False, reply[1].decode("utf-8"), None, reason=_HELD)
         if status == 3:  # evicting again at once: refuse one quarantine
-            return AcquireResult(False, None, None, retry_after_ms=self._quarantine_ms)
+            return AcquireResult(
+                False, None, None, retry_after_ms=self._quarantine_ms, reason=_QUARANTINE
+            )
         left = int(reply[1])
         self._note_quarantine(left, "")
-        return AcquireResult(False, None, None, retry_after_ms=left)
+        return AcquireResult(False, None, None, retry_after_ms=left, reason=_QUARANTINE)
 
     async def _replicated(self, key: str, what: str, release: str | None) -> None:
         """``WAIT`` until ``min_replicas`` replicas have this connection's writes.
