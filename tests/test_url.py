@@ -82,7 +82,7 @@ def test_default_url_is_a_sqlite_file_in_the_data_dir(
 ) -> None:
     monkeypatch.delenv("TENURE_URL", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
-    assert default_url() == f"sqlite:///{tmp_path}/tenure/tenure.db"
+    assert default_url() == f"sqlite:///{tmp_path}/tenure/tenure.db?create_dirs=1"
 
 
 @pytest.mark.parametrize(

@@ -61,13 +61,14 @@ def default_url() -> str:
 
     ``$TENURE_URL`` when set, otherwise a SQLite file in the user's data
     directory (``$XDG_DATA_HOME/tenure/tenure.db``, by default
-    ``~/.local/share/tenure/tenure.db``), which every process of the user on
-    this host shares.
+    ``~/.local/share/tenure/tenure.db``, created at first use), which every
+    process of the user on this host shares.
     """
     env = os.environ.get("TENURE_URL")
     if env:
         return env
-    return f"sqlite:///{_data_dir() / 'tenure.db'}"
+    # The data directory is tenure's own: creating it is expected.
+    return f"sqlite:///{_data_dir() / 'tenure.db'}?create_dirs=1"
 
 
 def _no_scheme(url: str, known: str) -> str:

@@ -41,7 +41,7 @@ def filesystem_of(path: str) -> str | None:
 
 async def diagnose(backend: SqlitePubSub) -> list[Finding]:
     file = backend._file
-    missing = _not_there(file)
+    missing = _not_there(file, create_dirs=backend._opts.create_dirs)
     if missing is not None:
         return missing
     await backend.get_lease_owner("tenure-doctor")  # opens the file: WAL and schema, or fails
@@ -54,13 +54,16 @@ async def diagnose(backend: SqlitePubSub) -> list[Finding]:
     ]
 
 
-def _not_there(file: str) -> list[Finding] | None:
+def _not_there(file: str, *, create_dirs: bool) -> list[Finding] | None:
     """The findings for a file not created yet (nothing is created here), or ``None``."""
     if os.path.exists(file):
         return None
     where = os.path.dirname(file)
     found = [warn("file", f"{file} does not exist yet (tenure creates it on first use)")]
     if not os.path.isdir(where):
+        if create_dirs and not os.path.exists(where):
+            return [*found, warn("directory", f"{where} does not exist yet (create_dirs=1)")]
+        # Without create_dirs the backend refuses it before this is reached.
         return [*found, unsafe("directory", f"{where} does not exist", f"mkdir -p {where}")]
     if not os.access(where, os.W_OK | os.X_OK):
         return [*found, unsafe("directory", f"{where} is not writable by this user", "fix it")]
