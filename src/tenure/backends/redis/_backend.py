@@ -13,7 +13,7 @@ from redis.asyncio.cluster import RedisCluster
 from ..._contract import Capability
 from ..._errors import ConfigurationError, InvalidArgument
 from ..._validate import MAX_TTL_MS
-from ._connection import client_from_url, client_settings
+from ._client import client_from_url, client_settings
 from ._leases import RedisLeases
 from ._streams import RedisStreams
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.crc import key_slot
@@ -20,7 +20,9 @@ from ..._contract import AcquireResult, LeaseRecord, RefusalReason
 from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore
-from ._connection import RedisParts, _slot_tags, _tag, load_script, slot_tag
+from ._connection import RedisConnection
+from ._keys import _slot_tags, _tag, slot_tag
+from ._scripts import Script, load_script
 
 __all__ = ["RedisLeases"]
 
@@ -62,7 +64,7 @@ def _split_value(value: bytes) -> tuple[int, str]:
     return int(token), owner.decode("utf-8")
 
 
-class RedisLeases(RedisParts, LeaseCore):
+class RedisLeases(LeaseCore):
     """Leases as Lua scripts, and release wake-ups over Redis pub/sub.
 
     A lease key holds ``"<token>:<owner>"`` with the lease's ``PX``; next to
@@ -72,6 +74,18 @@ class RedisLeases(RedisParts, LeaseCore):
     pub/sub connection per backend. The guarantees are in the
     :class:`~tenure.backends.redis.RedisStreamsPubSub` docstring.
     """
+
+    # The connection part, set up once by the backend's RedisParts (which it
+    # inherits through its event half): declared here, not inherited twice.
+    _conn: RedisConnection
+    _client: Any
+    _eval: Callable[[Script, Sequence[bytes], Sequence[Any]], Awaitable[Any]]
+    _call: Callable[..., Awaitable[Any]]
+    _io: Callable[..., Awaitable[Any]]
+    _where: str
+    _prefix: str
+    _p: bytes
+    _instance: str
 
     capabilities = LEASE_CAPABILITIES
     _max_ttl_reason = (
@@ -259,7 +273,7 @@ class RedisLeases(RedisParts, LeaseCore):
             logger.info("quarantining every slot of a Redis Cluster node failed: %r", exc)
 
     async def _check_epoch_on(self, conn: Any) -> None:
-        """``epoch.lua`` on a new lease connection (``_Pipe.on_connect``)."""
+        """``epoch.lua`` on a new lease connection (``Pipe.on_connect``)."""
         durable = b"1" if self._conn.durable else b"0"
         seen = b"1" if self._marker in self._seen_markers else b"0"
         await conn.send_command(
