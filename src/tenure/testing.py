@@ -139,12 +139,9 @@ def _require(backend: object, capability: Capability) -> None:
         pytest.skip(f"{type(backend).__name__} does not declare Capability.{capability.name}")
 
 
-class LeaseContract:
-    """The lease contract (CONTRACT sections 2 to 5) as tests.
-
-    Provide ``lease_provider``; override ``advance`` for a controllable clock
-    and ``ttl_ms`` to scale the real-time waits (default 800 ms).
-    """
+class _Contract:
+    """What every part of the lease contract suite shares: the TTL of its real-time
+    waits, the clock and a fresh key per test."""
 
     ttl_ms = 800
 
@@ -158,6 +155,10 @@ class LeaseContract:
     @pytest.fixture
     def key(self) -> str:
         return f"contract-{uuid.uuid4().hex}"
+
+
+class _GrantsAndRenewals(_Contract):
+    """Detection, acquire, release and renew (CONTRACT section 2)."""
 
     @pytest.mark.asyncio
     async def test_is_detected_structurally(self, lease_provider: Any) -> None:
@@ -272,6 +273,10 @@ class LeaseContract:
     async def test_renew_of_missing_key_fails(self, lease_provider: Any, key: str) -> None:
         assert await lease_provider.renew_lease(key, "alice", self.ttl_ms) is False
         assert await lease_provider.get_lease_owner(key) is None
+
+
+class _TransfersAndTokens(_Contract):
+    """Transfer, reads, races, fencing tokens and key encoding (CONTRACT sections 2 to 4)."""
 
     @pytest.mark.asyncio
     async def test_transfer_moves_ownership_resets_ttl_and_raises_token(
@@ -434,7 +439,9 @@ class LeaseContract:
         for i, name in enumerate(names):
             assert await lease_provider.get_lease_owner(name) == f"o{i}"
 
-    # -- operations (Capability.OPERATIONS) ----------------------------------
+
+class _Operations(_Contract):
+    """``scan_leases`` and ``revoke_lease`` (``Capability.OPERATIONS``)."""
 
     @pytest.mark.asyncio
     async def test_scan_lists_the_live_leases_under_a_prefix(
@@ -521,6 +528,10 @@ class LeaseContract:
         with pytest.raises(InvalidArgument, match="key"):
             await lease_provider.revoke_lease("")
 
+
+class _Arguments(_Contract):
+    """Bad arguments: ``InvalidArgument``, before anything is sent (CONTRACT section 5)."""
+
     @pytest.mark.asyncio
     @pytest.mark.parametrize(("method", "arg", "args", "why"), _BAD)
     async def test_bad_argument_raises_invalid_argument(
@@ -553,6 +564,14 @@ class LeaseContract:
             await lease_provider.acquire_lease(key, "alice", 1000)
         with pytest.raises(BackendClosed):
             await lease_provider.get_lease_owner(key)
+
+
+class LeaseContract(_GrantsAndRenewals, _TransfersAndTokens, _Operations, _Arguments):
+    """The lease contract (CONTRACT sections 2 to 5) as tests.
+
+    Provide ``lease_provider``; override ``advance`` for a controllable clock
+    and ``ttl_ms`` to scale the real-time waits (default 800 ms).
+    """
 
 
 class PubSubContract:
