@@ -5,12 +5,10 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..._doctor import Finding, ok, unsafe, warn
-
-if TYPE_CHECKING:
-    from ._backend import SqlitePubSub
+from ._connection import Options, Worker
 
 __all__ = ["diagnose", "filesystem_of"]
 
@@ -39,7 +37,17 @@ def filesystem_of(path: str) -> str | None:
     return kind
 
 
-async def diagnose(backend: SqlitePubSub) -> list[Finding]:
+class _Diagnosed(Protocol):
+    """What the checks read of the backend (``SqlitePubSub``)."""
+
+    _file: str
+    _opts: Options
+    _worker: Worker
+
+    async def get_lease_owner(self, key: str) -> str | None: ...
+
+
+async def diagnose(backend: _Diagnosed) -> list[Finding]:
     file = backend._file
     missing = _not_there(file, create_dirs=backend._opts.create_dirs)
     if missing is not None:
@@ -110,7 +118,7 @@ def _permissions(file: str) -> Finding:
     return ok("permissions", f"{stat.filemode(mode)} {file}")
 
 
-def _wake_ups(backend: SqlitePubSub) -> Finding:
+def _wake_ups(backend: _Diagnosed) -> Finding:
     """Whether this process can use the wake-up sockets beside the file (it tries)."""
     backend._worker.listen()
     wake = backend._worker.wake
