@@ -24,6 +24,7 @@ from tenure.fencing import MemoryFencedStore
 
 from ..support.redis_server import RedisServer
 from .conftest import MakeBackend
+from .helpers import wait_out_quarantine
 
 # Small, so that a server "up longer than the quarantine" is a few seconds old.
 MAX_TTL = 1500
@@ -292,3 +293,22 @@ async def test_a_flush_quarantines_new_prefixes_only_while_a_lease_it_erased_can
     # A prefix whose marker survived the flush (another database) keeps its lease.
     later = make_backend(f"{db}/0", max_ttl_ms=MAX_TTL, prefix="later:")
     assert await later.get_lease_owner("k") == "bob"
+
+
+@pytest.mark.asyncio
+async def test_waiting_out_the_quarantine_of_a_fresh_and_flushed_server(
+    server: RedisServer, make_backend: MakeBackend
+) -> None:
+    """What the shared-server fixture does: after it, a new prefix is granted at once
+    on a server just started, and again after a flush, whatever its uptime."""
+    young = make_backend(server.url, max_ttl_ms=MAX_TTL, prefix="young:")
+    assert refused_for_now(await young.acquire_lease("k", "alice", MAX_TTL))
+    await asyncio.to_thread(wait_out_quarantine, server.url, max_ttl_ms=MAX_TTL)
+    fresh = make_backend(server.url, max_ttl_ms=MAX_TTL, prefix="fresh:")
+    assert (await fresh.acquire_lease("k", "alice", MAX_TTL)).acquired
+    server.command("FLUSHDB")
+    flushed = make_backend(server.url, max_ttl_ms=MAX_TTL, prefix="flushed:")
+    assert refused_for_now(await flushed.acquire_lease("k", "bob", MAX_TTL))
+    await asyncio.to_thread(wait_out_quarantine, server.url, max_ttl_ms=MAX_TTL)
+    after = make_backend(server.url, max_ttl_ms=MAX_TTL, prefix="after:")
+    assert (await after.acquire_lease("k", "bob", MAX_TTL)).acquired
