@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ._contract import Backend
-from ._errors import ConfigurationError, TenureError
+from ._errors import BackendUnavailable, ConfigurationError, InvalidArgument
 from ._url_options import redact, url_secrets
 
 __all__ = ["backend_class", "default_url", "from_url"]
@@ -127,7 +127,7 @@ def from_url(url: str | None = None, **options: Any) -> Backend:
         url = default_url()
     try:
         backend: Backend = backend_class(url).from_url(url, **options)
-    except TenureError as exc:
+    except (ConfigurationError, InvalidArgument, BackendUnavailable) as exc:
         # Each backend redacts its own messages; this is the net under them,
         # whatever a driver's parser chose to quote.
         secrets = url_secrets(url) if isinstance(url, str) else []

@@ -361,7 +361,11 @@ class PgConnection:
                     # again on a fresh connection is safe whether or not the
                     # first attempt was applied.
                     attempt += 1
-                    logger.info("connection lost during %s; retrying once: %s", op, exc)
+                    logger.info(
+                        "connection lost during %s; retrying once: %s",
+                        op,
+                        self.errors.redact(str(exc)),
+                    )
                     continue
                 raise self.error(op, exc) from exc
 

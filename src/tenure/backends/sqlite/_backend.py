@@ -245,10 +245,7 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     Options (keyword arguments or URL query parameters): ``busy_timeout_ms``,
     ``visibility_timeout``, ``max_attempts``, ``poll_interval``,
     ``prune_interval``, ``retention``, ``dedupe_window``, ``synchronous``
-    (``normal`` or ``full``), ``create_dirs`` (create a missing directory of
-    the file at first use; without it a missing directory is refused with
-    :class:`~tenure.ConfigurationError`, since a typo in the path would give a
-    private database whose leases nobody else sees).
+    (``normal`` or ``full``), ``create_dirs`` (see :meth:`from_url`).
 
     **Files of earlier versions** are brought up to date by the first
     connection that opens them (a new column per table, indexes and a trigger,
