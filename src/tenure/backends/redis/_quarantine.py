@@ -3,8 +3,7 @@
 One epoch marker per prefix (per prefix and key slot on a cluster) and one
 server-wide flush record, read and written by ``lua/epoch.lua`` in one
 atomic step; the acquire script reads the marker on every new grant. The
-rules, and what they cannot see, are in the
-:class:`~tenure.backends.redis.RedisStreamsPubSub` docstring.
+rules, and what they cannot see, are in :class:`Quarantine`'s docstring.
 """
 
 from __future__ import annotations
@@ -35,10 +34,10 @@ class Quarantine:
 
     ``ms`` is the quarantine's length (the prefix's ``max_ttl_ms``; 0: off).
 
-    A Redis that loses data (a restart without
-    persistence, ``FLUSHALL``/``FLUSHDB``, eviction, a failover to a replica
-    that had not received the last grants) forgets leases that their holders
-    still use; granting at once would give a key two owners. Each prefix has
+    A Redis that loses data (a restart without persistence,
+    ``FLUSHALL``/``FLUSHDB``, eviction, a failover to a replica that had not
+    received the last grants) forgets leases that their holders still use;
+    granting at once would give a key two owners. Each prefix has
     an epoch marker key ``<prefix>epoch`` (``"<quarantine end>:<replication
     ID>:<evicted keys>"``, no TTL). A new grant reads it in the acquire script
     (one ``GET``; nothing else on the hot path, unless the server's
@@ -54,8 +53,9 @@ class Quarantine:
     in use), or it started less than that ago without ``appendfsync always``,
     or its clock is behind its start time, or ``FLUSHALL``/``FLUSHDB`` ran
     less than ``max_ttl_ms`` before a tenure client first saw that it had run
-    (see *Flushes* below), or it has evicted keys; when the marker's replication ID is not the server's and
-    the server was promoted from a replica (``master_replid2``), or restarted
+    (see *Flushes* below; the later end counts when a young server was also
+    flushed), or it has evicted keys; when the marker's replication ID is not
+    the server's and the server was promoted from a replica (``master_replid2``), or restarted
     without ``appendfsync always``; when keys were evicted since the marker
     was written. Every new lease connection runs the same check before its
     first command, so after a failover (a reconnection) the first grant is

@@ -28,7 +28,7 @@
 -- Then new grants are refused until a lease granted before the loss has
 -- expired: for ARGV[1] ms (+1%, clock-rate error) from now, or from the
 -- server's start after a restart. A missing marker with none of those signs
--- means this prefix was never used on this server (see the class docstring
+-- means this prefix was never used on this server (see Quarantine in _quarantine.py
 -- for what that cannot rule out).
 -- Returns {ms left in the quarantine (0 if none), reason ('' if none)}.
 local t = redis.call('TIME')
