@@ -134,6 +134,7 @@ def test_redact_hides_given_secrets_in_every_written_form() -> None:
         ("redis:/127.0.0.1:6379/7", "'redis:/': a redis:// URL needs two slashes"),
         ("redis:127.0.0.1:6379", "'redis:': a redis:// URL needs two slashes"),
         ("Postgresql:/h/db", "'Postgresql:/': a postgresql:// URL needs two slashes"),
+        ("sqlite:/var/x.db", "(sqlite:///relative.db or sqlite:////absolute.db)"),
     ],
 )
 def test_a_known_scheme_with_too_few_slashes_is_named(url: str, said: str) -> None:

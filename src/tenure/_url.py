@@ -77,9 +77,14 @@ def _no_scheme(url: str, known: str) -> str:
     if colon and scheme.lower() in _SCHEMES:
         slashes = len(rest) - len(rest.lstrip("/"))
         written = f"{scheme}:{'/' * slashes}"
+        example = (
+            "sqlite:///relative.db or sqlite:////absolute.db"
+            if scheme.lower() == "sqlite"
+            else f"{scheme.lower()}://…"
+        )
         return (
             f"the URL starts {written!r}: a {scheme.lower()}:// URL needs two slashes "
-            f"after the colon ({scheme.lower()}://…)"
+            f"after the colon ({example})"
         )
     return f"the URL has no scheme (no '://'); known schemes: {known}"
 
