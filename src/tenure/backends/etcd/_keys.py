@@ -22,7 +22,21 @@ from ..._errors import BackendUnavailable
 from .._core import holds
 from ._connection import EtcdChannel, rpc
 
-__all__ = ["Applied", "EtcdKeys", "Write", "decode", "delete", "seen_of"]
+__all__ = [
+    "GRANT_TOKEN",
+    "LEADER_ONLY",
+    "TRANSFER_TOKEN",
+    "Applied",
+    "EtcdKeys",
+    "Lease",
+    "Seen",
+    "Write",
+    "decode",
+    "delete",
+    "ms_of",
+    "seen_of",
+    "wall_ms",
+]
 
 R = TypeVar("R")
 
