@@ -116,23 +116,29 @@ else
       .. ' of the prefix may not have reached it'
   elseif uptime < 0 then
     reason = 'its clock is behind the time it started'
-  elseif evicted > 0 then
-    reason = 'it evicted keys'
   else
     -- A young server and a recent flush both end in a known time: the later
     -- end counts (a server just started can also have been flushed since).
-    until_ms = 0
+    local young_until = 0
     if ARGV[2] ~= '1' and uptime * 1000 < q + 1000 + math.ceil(q / 100) then
       reason = string.format('it started %d s ago without appendfsync always', uptime)
       -- TIME - uptime is the start rounded down to a whole second.
-      until_ms = (tonumber(t[1]) - uptime + 1) * 1000 + q + math.ceil(q / 100)
+      young_until = (tonumber(t[1]) - uptime + 1) * 1000 + q + math.ceil(q / 100)
+      until_ms = young_until
     end
-    if flush_until > now_ms and flush_until > until_ms then
+    if flush_until > now_ms and flush_until > young_until then
       -- A lease granted before the flush is live at most q after it, and the
       -- flush came before it was first seen.
       reason = 'FLUSHALL or FLUSHDB ran since it started, less than max_ttl_ms before'
         .. ' a tenure client first saw it'
       until_ms = flush_until
+    end
+    if not reason then
+      if evicted > 0 then
+        reason = 'it evicted keys'
+      else
+        until_ms = 0
+      end
     end
   end
 end
