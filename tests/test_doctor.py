@@ -134,6 +134,12 @@ async def test_sqlite_permissions_and_durability(tmp_path: Path) -> None:
     missing_dir = tmp_path / "nowhere" / "leases.db"
     done = _doctor(f"sqlite:///{missing_dir}")
     assert done.returncode == 1 and "does not exist" in done.stdout
+    assert "UNSAFE" in done.stdout and "create_dirs=1" in done.stdout
+    assert not missing_dir.parent.exists()
+    # Told to create it, the directory is expected to be missing: a warning only.
+    done = _doctor(f"sqlite:///{missing_dir}?create_dirs=1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "does not exist yet (create_dirs=1)" in done.stdout
     assert not missing_dir.parent.exists()
 
 
@@ -141,7 +147,7 @@ async def test_sqlite_permissions_and_durability(tmp_path: Path) -> None:
 async def test_sqlite_wake_up_sockets_are_checked(short_tmp: Path) -> None:
     deep = short_tmp / ("d" * max(1, 110 - len(str(short_tmp))))
     for file, level in ((short_tmp / "leases.db", "ok"), (deep / "leases.db", "warn")):
-        async with tenure.from_url(f"sqlite:///{file}") as backend:
+        async with tenure.from_url(f"sqlite:///{file}?create_dirs=1") as backend:
             await backend.get_lease_owner("k")  # creates the file
         found = await _findings(f"sqlite:///{file}")
         assert found["wake-ups"].level == level

@@ -17,7 +17,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from tenure import AcquireResult, LeaseRecord, MemoryPubSub
+from tenure import AcquireResult, LeaseRecord, MemoryPubSub, RefusalReason
 from tenure.testing import ManualClock
 
 KEYS = st.sampled_from(["a", "b", "thread\0x", "日本"])
@@ -48,7 +48,7 @@ class Model:
     def acquire(self, key: str, owner: str, ttl: int) -> AcquireResult:
         lease = self.live(key)
         if lease is not None and lease.owner != owner:
-            return AcquireResult(False, lease.owner, None)
+            return AcquireResult(False, lease.owner, None, reason=RefusalReason.HELD)
         if lease is None:
             self.last_token += 1
             lease = self.leases[key] = _Lease(owner, self.last_token, 0)

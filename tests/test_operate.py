@@ -173,7 +173,7 @@ async def _bulk_grant(url: str, backend: Any, keys: list[str], owner: str, ttl_m
 
         # The records as the backend writes them (see backends/etcd/_leases.py),
         # 100 puts per transaction, attached to one of its clean-up leases.
-        gc_lease = await backend._gc_lease(ttl_ms)
+        gc_lease = await backend._keys.gc_lease(ttl_ms)
         value = b"0:%d:" % (time.time_ns() // 1_000_000 + ttl_ms) + owner.encode()
         for start in range(0, len(keys), 100):
             puts = [

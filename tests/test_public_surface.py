@@ -11,6 +11,7 @@ import tenure
 
 EXPECTED = [
     "AcquireResult",
+    "RefusalReason",
     "Backend",
     "BackendClosed",
     "BackendUnavailable",

@@ -19,7 +19,7 @@ import pytest
 import uvloop
 
 import tenure
-from tenure import AcquireResult, Event, ThreadRun, ThreadRuntime
+from tenure import AcquireResult, Event, RefusalReason, ThreadRun, ThreadRuntime
 from tenure.testing import eventually
 from tests.support.targets import targets
 from tests.support.waiting import until_parked
@@ -46,7 +46,9 @@ async def _leases_and_events(url: str) -> None:
     async with tenure.from_url(url) as backend:
         first = await backend.acquire_lease("key", "a", TTL_MS)
         assert first.acquired and first.owner == "a" and first.token is not None
-        assert await backend.acquire_lease("key", "b", TTL_MS) == AcquireResult(False, "a", None)
+        assert await backend.acquire_lease("key", "b", TTL_MS) == AcquireResult(
+            False, "a", None, reason=RefusalReason.HELD
+        )
         assert await backend.renew_lease("key", "a", TTL_MS)
         assert await backend.transfer_lease("key", "a", "b", TTL_MS)
         record = await backend.get_lease("key")

@@ -16,6 +16,7 @@ from ._contract import (
     EventBackend,
     LeaseProvider,
     LeaseRecord,
+    RefusalReason,
     capabilities_of,
 )
 from ._detect import NoopLeaseProvider, events_of, is_lease_provider, lease_provider_for
@@ -56,6 +57,7 @@ __all__ = [
     "MemoryPubSub",
     "NoopLeaseProvider",
     "PubSub",
+    "RefusalReason",
     "RuntimeEvent",
     "SendResult",
     "Signal",

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
+
+from ._capabilities import Capability, capabilities_of
 
 if TYPE_CHECKING:
     from ._pubsub import Callback, Event
@@ -18,29 +20,48 @@ __all__ = [
     "EventBackend",
     "LeaseProvider",
     "LeaseRecord",
+    "RefusalReason",
     "capabilities_of",
 ]
+
+
+class RefusalReason(enum.StrEnum):
+    """Why ``acquire_lease`` refused (:attr:`AcquireResult.reason`).
+
+    A string enum: it compares equal to, and prints as, its value. More
+    reasons may come with new backends; treat an unknown one as a refusal.
+    """
+
+    #: Another owner holds the key; :attr:`AcquireResult.owner` names it.
+    HELD = "held"
+    #: The backend refuses every new grant for a while, because it may have
+    #: lost leases that are still in use (the Redis backend after a restart,
+    #: a flush, an eviction or a failover); grants resume after about
+    #: :attr:`AcquireResult.retry_after_ms`. No holder is named.
+    QUARANTINE = "quarantine"
 
 
 @dataclass(frozen=True, slots=True, init=False)
 class AcquireResult:
     """The outcome of ``acquire_lease``.
 
-    On success ``acquired`` is true, ``owner`` is the caller and ``token`` the
-    fencing token of the grant. On failure ``owner`` is the holder read in the
-    same atomic step (``None`` only if the backend could not name one) and
-    ``token`` is ``None``.
+    On success ``acquired`` is true, ``owner`` is the caller, ``token`` the
+    fencing token of the grant and ``reason`` is ``None``. On failure
+    ``reason`` says why (a :class:`RefusalReason`), ``owner`` is the holder
+    read in the same atomic step (``None`` when the refusal is not about a
+    holder: a quarantine) and ``token`` is ``None``.
 
     ``retry_after_ms`` is set only on a refusal that names no holder because
-    the backend refuses every new grant for a while (the Redis backend's
-    quarantine after it may have lost leases): grants resume in about that
-    many milliseconds. ``None`` otherwise.
+    the backend refuses every new grant for a while (``reason`` is
+    ``RefusalReason.QUARANTINE``): grants resume in about that many
+    milliseconds. ``None`` otherwise.
     """
 
     acquired: bool
     owner: str | None
     token: int | None = None
     retry_after_ms: int | None = None
+    reason: RefusalReason | None = None
 
     # Hand-written because it is on every backend's hot path: the generated
     # frozen __init__ is about twice as slow.
@@ -51,12 +72,14 @@ class AcquireResult:
         token: int | None = None,
         *,
         retry_after_ms: int | None = None,
+        reason: RefusalReason | None = None,
         _set: Callable[[object, str, object], None] = object.__setattr__,
     ) -> None:
         _set(self, "acquired", acquired)
         _set(self, "owner", owner)
         _set(self, "token", token)
         _set(self, "retry_after_ms", retry_after_ms)
+        _set(self, "reason", reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,71 +117,6 @@ class LeaseProvider(Protocol):
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         """Hand ``key`` from ``from_owner`` to ``to_owner`` with no gap; ``False`` if not held."""
         ...
-
-
-class Capability(enum.Flag):
-    """What a backend can do beyond the five lease methods, declared up front.
-
-    A backend declares them in a class attribute ``capabilities`` (a
-    ``Capability``, or an iterable of the member names in lower case for a
-    backend that does not import tenure). Holding, the runtime and the
-    contract suite read the declaration; they never probe for methods.
-    """
-
-    NONE = 0
-    #: ``get_lease(key) -> LeaseRecord | None``: owner, token and remaining TTL in one read.
-    RECORD = enum.auto()
-    #: ``renew_leases(keys, owner, ttl_ms) -> list[bool]``: many renewals in one round trip.
-    RENEW_MANY = enum.auto()
-    #: ``wait_lease_released(key, timeout) -> bool``: woken when the holder releases or transfers.
-    RELEASE_WAKEUPS = enum.auto()
-    #: ``transfer_lease`` is one atomic step (the key is never free in between).
-    ATOMIC_TRANSFER = enum.auto()
-    #: The pub/sub methods (``publish``, ``subscribe``, ``unsubscribe``, ``flush``).
-    EVENTS = enum.auto()
-    #: Consumer groups that outlive a process and redeliver what a dead member
-    #: never acknowledged, so events reach other processes.
-    DURABLE_GROUPS = enum.auto()
-    #: ``scan_leases`` and ``revoke_lease``, for operators.
-    OPERATIONS = enum.auto()
-    #: ``publish`` of an event whose ``id`` was already published on the topic
-    #: (within the backend's retention) stores nothing and returns the first one.
-    DEDUPE = enum.auto()
-    #: ``reclaim(topic, group) -> int``: every event of ``group`` delivered but not
-    #: acknowledged (to any member, dead or alive) goes back to the group at once,
-    #: and is delivered before any newer event. For a sole consumer elected by a
-    #: lease: what its dead predecessor held comes back without a redelivery timeout.
-    RECLAIM = enum.auto()
-    #: ``backlog(prefix, group) -> list[str]``: the topics starting with ``prefix``
-    #: whose ``group`` has events not yet acknowledged (unread or in flight).
-    BACKLOG = enum.auto()
-    #: ``subscribe(..., fence=LeaseFence(key, owner_prefix))``: a member takes
-    #: events only while that lease is held by an owner with that prefix,
-    #: checked in the same transaction as the take (a stale reader takes nothing).
-    FENCED_TAKES = enum.auto()
-
-    #: Every lease extension: what each of tenure's own backends declares.
-    LEASES = RECORD | RENEW_MANY | RELEASE_WAKEUPS | ATOMIC_TRANSFER
-    #: What the thread runtime needs of a log shared by processes.
-    RUNTIME_LOG = EVENTS | DURABLE_GROUPS | DEDUPE | RECLAIM | BACKLOG
-
-
-def capabilities_of(backend: object) -> Capability:
-    """The capabilities ``backend`` declares (``Capability.NONE`` when it declares none)."""
-    declared = getattr(type(backend), "capabilities", None)
-    if declared is None:
-        declared = getattr(backend, "capabilities", None)
-    if isinstance(declared, Capability):
-        return declared
-    if declared is None or isinstance(declared, str | bytes):
-        return Capability.NONE
-    result = Capability.NONE
-    if isinstance(declared, Iterable):
-        for name in declared:
-            member = Capability.__members__.get(str(name).upper())
-            if member is not None:
-                result |= member
-    return result
 
 
 class Backend(LeaseProvider, Protocol):

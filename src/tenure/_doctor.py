@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._errors import BackendUnavailable, ConfigurationError, InvalidArgument
-from ._url import default_url, from_url, redact_url
+from ._url import default_url, from_url
+from ._url_options import redact_url
 
 __all__ = ["EXIT_UNAVAILABLE", "EXIT_UNSAFE", "Finding", "doctor", "parse_info"]
 
@@ -78,7 +79,13 @@ def doctor(url: str | None) -> int:
 
     async def run() -> list[Finding]:
         backend: Any
-        async with from_url(where) as backend:
+        try:
+            built = from_url(where)
+        except ConfigurationError as exc:
+            # The URL is refused as it stands (e.g. a SQLite file in a
+            # directory that does not exist): what from_url says is the finding.
+            return [unsafe("configuration", str(exc), "correct the URL")]
+        async with built as backend:
             diagnose = getattr(backend, "diagnose", None)
             if diagnose is None:
                 return [warn("backend", f"{type(backend).__name__} has no checks")]

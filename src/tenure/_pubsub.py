@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from ._contract import Capability
+from ._capabilities import Capability
 from ._errors import InvalidArgument
 from ._lifecycle import AsyncCloseable
 from ._validate import check_name

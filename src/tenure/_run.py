@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from ._errors import BackendUnavailable, ConfigurationError, InvalidArgument, LeaseUnavailable
 from ._hold import HeldLease, hold
-from ._url import default_url, from_url, redact_url
+from ._url import default_url, from_url
+from ._url_options import redact_url
 
 __all__ = ["EXIT_BUSY", "EXIT_LOST", "EXIT_UNAVAILABLE", "RunSettings", "run_command"]
 

@@ -1,32 +1,22 @@
-"""``from_url``: a URL scheme → backend registry, one option parser, one redactor (CONTRACT section 7)."""
+"""``from_url``: the URL scheme → backend registry (CONTRACT section 7).
+
+Option parsing and redaction, which backends share, are in :mod:`tenure._url_options`.
+"""
 
 from __future__ import annotations
 
 import importlib
-import math
 import os
-import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
 
 from ._contract import Backend
-from ._errors import ConfigurationError
+from ._errors import BackendUnavailable, ConfigurationError, InvalidArgument
+from ._url_options import redact, url_secrets
 
-__all__ = [
-    "QueryOptions",
-    "default_url",
-    "from_url",
-    "parse_query",
-    "redact",
-    "redact_url",
-    "to_bool",
-    "to_int",
-    "to_seconds",
-]
+__all__ = ["backend_class", "default_url", "from_url"]
 
 
 @dataclass(frozen=True)
@@ -53,149 +43,6 @@ _SCHEMES: dict[str, _Scheme] = {
 }
 
 
-# -- secrets -------------------------------------------------------------------
-
-# ``password=…`` in a URL query or a key=value DSN, quoted or not.
-_PASSWORD_FIELD = re.compile(
-    r"(?i)(\b\w*password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)",
-)
-
-
-def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """``text`` with every secret in ``secrets`` (and its percent-encoded form) shown as ``***``.
-
-    ``password=…`` fields (URL queries, key=value DSNs) are hidden too, whatever
-    their value.
-    """
-    for secret in secrets:
-        if secret:
-            for form in {secret, quote(secret, safe=""), quote(secret)}:
-                text = text.replace(form, "***")
-    return _PASSWORD_FIELD.sub(lambda m: m.group(1) + "***", text)
-
-
-def redact_url(url: str) -> str:
-    """``url`` without secrets: the user-info password and ``password=`` query values.
-
-    A URL without secrets comes back unchanged; one that cannot be parsed is
-    not shown at all.
-    """
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        scheme = url.split("://", 1)[0] if "://" in url else ""
-        return f"<unparseable {scheme}:// URL>" if scheme.isalnum() else "<unparseable URL>"
-    shown = url
-    if password is not None:
-        user_info, _, host = parts.netloc.rpartition("@")
-        user = user_info.partition(":")[0]
-        shown = shown.replace(f"//{parts.netloc}", f"//{user}:***@{host}", 1)
-    return _PASSWORD_FIELD.sub(lambda m: m.group(1) + "***", shown)
-
-
-# -- options -------------------------------------------------------------------
-
-
-def to_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off"}:
-        return False
-    raise ValueError("expected true or false")
-
-
-def to_int(low: int = 0) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < low:
-            raise ValueError(f"expected an int >= {low}")
-        return value
-
-    return parse
-
-
-def to_seconds(text: str) -> float:
-    value = float(text)
-    if not 0 < value < math.inf:
-        raise ValueError("expected a finite number of seconds > 0")
-    return value
-
-
-@dataclass(frozen=True)
-class QueryOptions:
-    """What :func:`parse_query` found: tenure's options and the rest, untouched."""
-
-    ours: dict[str, Any]
-    #: The other parameters as they were written (still percent-encoded), in order.
-    rest: list[str]
-
-    def rest_query(self) -> str:
-        return "&".join(self.rest)
-
-
-def parse_query(
-    url: str,
-    ours: Mapping[str, Callable[[str], Any]],
-    *,
-    theirs: Mapping[str, Callable[[str], Any]] | None = None,
-    pass_unknown: bool = False,
-    what: str = "",
-) -> QueryOptions:
-    """Split the query of ``url`` into tenure's options (parsed) and the driver's.
-
-    ``ours`` maps tenure's option names to parsers. ``theirs`` lists the driver's
-    options (checked with their parser, passed on as written); with
-    ``pass_unknown`` every other name is passed on too (the driver checks it),
-    else it raises :class:`ConfigurationError`. Passed-on parameters keep their
-    exact spelling, so a value survives unchanged. An option given twice, or a
-    value its parser refuses, raises :class:`ConfigurationError`. Messages show
-    the URL without secrets.
-    """
-    shown = redact_url(url)
-    what = what or (url.split("://", 1)[0] + "://")
-    try:
-        query = urlsplit(url).query
-    except ValueError:
-        raise ConfigurationError(f"cannot parse the {what} URL {shown!r}") from None
-    parsed: dict[str, Any] = {}
-    rest: list[str] = []
-    seen: set[str] = set()
-    for segment in query.split("&"):
-        if not segment:
-            continue
-        raw_name, _, raw_value = segment.partition("=")
-        name, value = unquote(raw_name), unquote(raw_value)
-        if name in seen:
-            raise ConfigurationError(f"{what} option {name!r} is given twice in {shown!r}")
-        seen.add(name)
-        parser = ours.get(name)
-        if parser is None and theirs is not None:
-            parser = theirs.get(name)
-            if parser is not None:
-                rest.append(segment)
-        elif parser is not None:
-            pass
-        elif pass_unknown:
-            rest.append(segment)
-            continue
-        if parser is None:
-            known = ", ".join(sorted([*ours, *(theirs or {})]))
-            raise ConfigurationError(f"unknown {what} option {name!r} in {shown!r}; known: {known}")
-        try:
-            result = parser(value)
-        except (TypeError, ValueError) as exc:
-            shown_value = "***" if "password" in name.lower() else repr(value)
-            detail = f" ({exc})" if str(exc) else ""
-            raise ConfigurationError(
-                f"bad value for {what} option {name!r}: {shown_value}{detail}"
-            ) from None
-        if name in ours:
-            parsed[name] = result
-    return QueryOptions(parsed, rest)
-
-
 # -- the registry --------------------------------------------------------------
 
 
@@ -214,13 +61,32 @@ def default_url() -> str:
 
     ``$TENURE_URL`` when set, otherwise a SQLite file in the user's data
     directory (``$XDG_DATA_HOME/tenure/tenure.db``, by default
-    ``~/.local/share/tenure/tenure.db``), which every process of the user on
-    this host shares.
+    ``~/.local/share/tenure/tenure.db``, created at first use), which every
+    process of the user on this host shares.
     """
     env = os.environ.get("TENURE_URL")
     if env:
         return env
-    return f"sqlite:///{_data_dir() / 'tenure.db'}"
+    # The data directory is tenure's own: creating it is expected.
+    return f"sqlite:///{_data_dir() / 'tenure.db'}?create_dirs=1"
+
+
+def _no_scheme(url: str, known: str) -> str:
+    """What is wrong with a URL without ``://``: a known scheme badly followed, or none."""
+    scheme, colon, rest = url.partition(":")
+    if colon and scheme.lower() in _SCHEMES:
+        slashes = len(rest) - len(rest.lstrip("/"))
+        written = f"{scheme}:{'/' * slashes}"
+        example = (
+            "sqlite:///relative.db or sqlite:////absolute.db"
+            if scheme.lower() == "sqlite"
+            else f"{scheme.lower()}://…"
+        )
+        return (
+            f"the URL starts {written!r}: a {scheme.lower()}:// URL needs two slashes "
+            f"after the colon ({example})"
+        )
+    return f"the URL has no scheme (no '://'); known schemes: {known}"
 
 
 def backend_class(url: str) -> type[Any]:
@@ -229,7 +95,7 @@ def backend_class(url: str) -> type[Any]:
         raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
     known = ", ".join(f"{name}://" for name in sorted(_SCHEMES))
     if "://" not in url:
-        raise ConfigurationError(f"the URL has no scheme; known schemes: {known}")
+        raise ConfigurationError(_no_scheme(url, known))
     scheme = url.split("://", 1)[0].lower()
     entry = _SCHEMES.get(scheme)
     if entry is None:
@@ -264,5 +130,14 @@ def from_url(url: str | None = None, **options: Any) -> Backend:
     """
     if url is None:
         url = default_url()
-    backend: Backend = backend_class(url).from_url(url, **options)
+    try:
+        backend: Backend = backend_class(url).from_url(url, **options)
+    except (ConfigurationError, InvalidArgument, BackendUnavailable) as exc:
+        # Each backend redacts its own messages; this is the net under them,
+        # whatever a driver's parser chose to quote.
+        secrets = url_secrets(url) if isinstance(url, str) else []
+        shown = redact(str(exc), secrets)
+        if shown != str(exc):
+            raise type(exc)(shown) from None
+        raise
     return backend

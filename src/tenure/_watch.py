@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from ._contract import Capability, LeaseRecord, capabilities_of
 from ._errors import BackendUnavailable, ConfigurationError, InvalidArgument
-from ._url import default_url, from_url, redact_url
+from ._url import default_url, from_url
+from ._url_options import redact_url
 
 __all__ = ["Change", "Seen", "changes", "watch"]
 

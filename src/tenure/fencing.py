@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import BackendClosed, BackendUnavailable, InvalidArgument
 from ._lifecycle import AsyncCloseable
-from ._url import redact, redact_url
+from ._url_options import redact, redact_url
 from ._validate import check_name
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from ._contract import AcquireResult, Capability, capabilities_of
+from ._contract import AcquireResult, Capability, RefusalReason, capabilities_of
 from ._detect import is_lease_provider
 from ._errors import BackendClosed, InvalidArgument
 from ._pubsub import Event
@@ -139,12 +139,9 @@ def _require(backend: object, capability: Capability) -> None:
         pytest.skip(f"{type(backend).__name__} does not declare Capability.{capability.name}")
 
 
-class LeaseContract:
-    """The lease contract (CONTRACT sections 2 to 5) as tests.
-
-    Provide ``lease_provider``; override ``advance`` for a controllable clock
-    and ``ttl_ms`` to scale the real-time waits (default 800 ms).
-    """
+class _Contract:
+    """What every part of the lease contract suite shares: the TTL of its real-time
+    waits, the clock and a fresh key per test."""
 
     ttl_ms = 800
 
@@ -158,6 +155,10 @@ class LeaseContract:
     @pytest.fixture
     def key(self) -> str:
         return f"contract-{uuid.uuid4().hex}"
+
+
+class _GrantsAndRenewals(_Contract):
+    """Detection, acquire, release and renew (CONTRACT section 2)."""
 
     @pytest.mark.asyncio
     async def test_is_detected_structurally(self, lease_provider: Any) -> None:
@@ -179,6 +180,7 @@ class LeaseContract:
         assert result.acquired is True
         assert result.owner == "alice"
         assert isinstance(result.token, int)
+        assert result.reason is None
         assert await lease_provider.get_lease_owner(key) == "alice"
 
     @pytest.mark.asyncio
@@ -187,7 +189,10 @@ class LeaseContract:
     ) -> None:
         await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
         result = await lease_provider.acquire_lease(key, "bob", self.ttl_ms)
-        assert result == AcquireResult(acquired=False, owner="alice", token=None)
+        assert result == AcquireResult(
+            acquired=False, owner="alice", token=None, reason=RefusalReason.HELD
+        )
+        assert result.reason == "held"  # a StrEnum: the value reads as the reason
         assert await lease_provider.get_lease_owner(key) == "alice"
 
     @pytest.mark.asyncio
@@ -199,6 +204,7 @@ class LeaseContract:
         again = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
         assert again.acquired and again.owner == "alice"
         assert again.token == first.token
+        assert again.reason is None
         await advance(self.ttl_ms * 6 // 10)  # past the first grant's deadline
         assert await lease_provider.get_lease_owner(key) == "alice"
 
@@ -267,6 +273,10 @@ class LeaseContract:
     async def test_renew_of_missing_key_fails(self, lease_provider: Any, key: str) -> None:
         assert await lease_provider.renew_lease(key, "alice", self.ttl_ms) is False
         assert await lease_provider.get_lease_owner(key) is None
+
+
+class _TransfersAndTokens(_Contract):
+    """Transfer, reads, races, fencing tokens and key encoding (CONTRACT sections 2 to 4)."""
 
     @pytest.mark.asyncio
     async def test_transfer_moves_ownership_resets_ttl_and_raises_token(
@@ -429,7 +439,9 @@ class LeaseContract:
         for i, name in enumerate(names):
             assert await lease_provider.get_lease_owner(name) == f"o{i}"
 
-    # -- operations (Capability.OPERATIONS) ----------------------------------
+
+class _Operations(_Contract):
+    """``scan_leases`` and ``revoke_lease`` (``Capability.OPERATIONS``)."""
 
     @pytest.mark.asyncio
     async def test_scan_lists_the_live_leases_under_a_prefix(
@@ -516,6 +528,10 @@ class LeaseContract:
         with pytest.raises(InvalidArgument, match="key"):
             await lease_provider.revoke_lease("")
 
+
+class _Arguments(_Contract):
+    """Bad arguments: ``InvalidArgument``, before anything is sent (CONTRACT section 5)."""
+
     @pytest.mark.asyncio
     @pytest.mark.parametrize(("method", "arg", "args", "why"), _BAD)
     async def test_bad_argument_raises_invalid_argument(
@@ -548,6 +564,14 @@ class LeaseContract:
             await lease_provider.acquire_lease(key, "alice", 1000)
         with pytest.raises(BackendClosed):
             await lease_provider.get_lease_owner(key)
+
+
+class LeaseContract(_GrantsAndRenewals, _TransfersAndTokens, _Operations, _Arguments):
+    """The lease contract (CONTRACT sections 2 to 5) as tests.
+
+    Provide ``lease_provider``; override ``advance`` for a controllable clock
+    and ``ttl_ms`` to scale the real-time waits (default 800 ms).
+    """
 
 
 class PubSubContract:

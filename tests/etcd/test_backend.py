@@ -79,9 +79,9 @@ async def test_a_key_the_owner_forgot_is_deleted_by_etcd_after_its_clean_up_leas
     await asyncio.sleep(0.4)
     assert await backend.get_lease("k") is None
     name = f"tenure-test-{unique}/k".encode()
-    assert await backend._get("test", name) is not None  # still stored, treated as free
+    assert await backend._keys.get("test", name) is not None  # still stored, treated as free
     deadline = asyncio.get_running_loop().time() + 8
-    while await backend._get("test", name) is not None:
+    while await backend._keys.get("test", name) is not None:
         assert asyncio.get_running_loop().time() < deadline, "etcd kept the forgotten key"
         await asyncio.sleep(0.2)
 

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 import tenure
 from tenure import ConfigurationError, InvalidArgument
 from tenure.backends.redis import RedisStreamsPubSub, _tag
-from tenure.backends.redis._connection import client_settings
+from tenure.backends.redis._client import client_settings
 
 from ..support.redis_server import RedisServer
 from ..support.waiting import asleep, until_parked
@@ -313,7 +313,7 @@ async def test_injected_client_is_used_and_left_open(
         granted = await backend.acquire_lease("k", "alice", 10_000)
         assert granted.acquired
         assert await backend.acquire_lease("k", "bob", 10_000) == tenure.AcquireResult(
-            False, "alice", None
+            False, "alice", None, reason=tenure.RefusalReason.HELD
         )
         assert await backend.renew_leases(["k", "x"], "alice", 10_000) == [True, False]
         assert await backend.transfer_lease("k", "alice", "bob", 10_000)

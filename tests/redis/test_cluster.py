@@ -74,7 +74,9 @@ async def test_keys_spread_over_nodes_and_each_script_stays_in_one_slot(
         assert (await backend.acquire_lease(key, "o", TTL)).acquired
         assert await backend.transfer_lease(key, "o", "p", TTL)
         lease, counter = backend._lease_key(key)
-        assert key_slot(lease) == key_slot(counter) == key_slot(backend._marker_of(lease))
+        assert (
+            key_slot(lease) == key_slot(counter) == key_slot(backend._quarantine.marker_of(lease))
+        )
         nodes.add(cluster.node_of(lease).port)
     assert len(nodes) == 3
     assert sorted(await backend.renew_leases(["key-0", "key-1"], "p", TTL)) == [True, True]
@@ -207,7 +209,7 @@ async def test_a_quarantine_on_a_promoted_node_covers_all_its_slots_at_once(
             for key in (f"fresh-{i}" for i in range(10_000))
             if cluster.node_of(backend._lease_key(key)[0]) is replica
         )
-        sweep = backend._node_sweep  # the node's other slots, in the background
+        sweep = backend._quarantine._node_sweep  # the node's other slots, in the background
         if sweep is not None:
             await sweep
         await asyncio.sleep((max_ttl + max_ttl // 100 + 200) / 1000)

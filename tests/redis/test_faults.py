@@ -14,7 +14,14 @@ from urllib.parse import quote
 
 import pytest
 
-from tenure import AcquireResult, BackendClosed, BackendUnavailable, ConfigurationError, Event
+from tenure import (
+    AcquireResult,
+    BackendClosed,
+    BackendUnavailable,
+    ConfigurationError,
+    Event,
+    RefusalReason,
+)
 from tenure.backends.redis import RedisStreamsPubSub
 from tenure.testing import eventually
 
@@ -108,7 +115,9 @@ async def test_restart_with_persistence_keeps_leases(make_backend: MakeBackend) 
         guarded = make_backend(server.url, max_ttl_ms=30_000)
         # The lease survived, so the holder is named.
         denied = await first_answer(guarded, "k", "bob", 30_000)
-        assert denied == AcquireResult(acquired=False, owner="alice", token=None)
+        assert denied == AcquireResult(
+            acquired=False, owner="alice", token=None, reason=RefusalReason.HELD
+        )
         record = await guarded.get_lease("k")
         assert record is not None and record.token == granted.token
         # appendfsync always and never promoted: the restart lost nothing, so

@@ -18,12 +18,13 @@ from collections.abc import Iterator
 import pytest
 
 import tenure
-from tenure import AcquireResult, LeaseUnavailable
+from tenure import AcquireResult, LeaseUnavailable, RefusalReason
 from tenure.backends.redis import RedisStreamsPubSub
 from tenure.fencing import MemoryFencedStore
 
 from ..support.redis_server import RedisServer
 from .conftest import MakeBackend
+from .helpers import wait_out_quarantine
 
 # Small, so that a server "up longer than the quarantine" is a few seconds old.
 MAX_TTL = 1500
@@ -41,6 +42,7 @@ def refused_for_now(result: AcquireResult) -> bool:
     return (
         not result.acquired
         and result.owner is None
+        and result.reason is RefusalReason.QUARANTINE
         and result.retry_after_ms is not None
         and 0 < result.retry_after_ms <= MAX_TTL + 1000 + MAX_TTL // 100
     )
@@ -251,3 +253,62 @@ async def test_clock_stepped_forward_expires_leases_and_fencing_rejects_the_stal
         assert not await backend.renew_lease("k", "alice", 30_000)
         value = await store.read("k")
         assert value is not None and value.value == "bob-1"
+
+
+async def _granted_eventually(backend: RedisStreamsPubSub, key: str, owner: str) -> AcquireResult:
+    """Ask until ``key`` is granted (a quarantine ends); fail after 10 s."""
+    deadline = time.monotonic() + 10
+    while not (result := await backend.acquire_lease(key, owner, MAX_TTL)).acquired:
+        assert refused_for_now(result), result
+        if time.monotonic() > deadline:
+            pytest.fail("still refused after 10 s")
+        await asyncio.sleep(0.05)
+    return result
+
+
+@pytest.mark.asyncio
+async def test_a_flush_quarantines_new_prefixes_only_while_a_lease_it_erased_can_live(
+    aged: RedisServer, make_backend: MakeBackend
+) -> None:
+    """Once the server has seen FLUSHDB, a prefix used for the first time is
+    quarantined only within max_ttl_ms of the first time a client saw the
+    flush, in every database; it used to be quarantined as long as the server
+    lived."""
+    db = aged.url.rsplit("/", 1)[0]
+    aged.client(db=7).flushdb()
+    # When the flush ran is unknown: a lease of this prefix may have gone with it.
+    first = make_backend(f"{db}/0", max_ttl_ms=MAX_TTL, prefix="first:")
+    assert refused_for_now(await first.acquire_lease("k", "alice", MAX_TTL))
+    await _granted_eventually(first, "k", "alice")
+    # Any lease the flush erased has expired by now: new prefixes, in any
+    # database, are granted at once.
+    for url, prefix in [(f"{db}/0", "later:"), (f"{db}/11", "other-db:"), (f"{db}/7", "db7:")]:
+        backend = make_backend(url, max_ttl_ms=MAX_TTL, prefix=prefix)
+        assert (await backend.acquire_lease("k", "bob", MAX_TTL)).acquired, url
+    # A new flush is a new possible loss: a new prefix waits again.
+    aged.client(db=11).flushdb()
+    fresh = make_backend(f"{db}/0", max_ttl_ms=MAX_TTL, prefix="after-second-flush:")
+    refused = await fresh.acquire_lease("k", "carol", MAX_TTL)
+    assert refused_for_now(refused)
+    # A prefix whose marker survived the flush (another database) keeps its lease.
+    later = make_backend(f"{db}/0", max_ttl_ms=MAX_TTL, prefix="later:")
+    assert await later.get_lease_owner("k") == "bob"
+
+
+@pytest.mark.asyncio
+async def test_waiting_out_the_quarantine_of_a_fresh_and_flushed_server(
+    server: RedisServer, make_backend: MakeBackend
+) -> None:
+    """What the shared-server fixture does: after it, a new prefix is granted at once
+    on a server just started, and again after a flush, whatever its uptime."""
+    young = make_backend(server.url, max_ttl_ms=MAX_TTL, prefix="young:")
+    assert refused_for_now(await young.acquire_lease("k", "alice", MAX_TTL))
+    await asyncio.to_thread(wait_out_quarantine, server.url, max_ttl_ms=MAX_TTL)
+    fresh = make_backend(server.url, max_ttl_ms=MAX_TTL, prefix="fresh:")
+    assert (await fresh.acquire_lease("k", "alice", MAX_TTL)).acquired
+    server.command("FLUSHDB")
+    flushed = make_backend(server.url, max_ttl_ms=MAX_TTL, prefix="flushed:")
+    assert refused_for_now(await flushed.acquire_lease("k", "bob", MAX_TTL))
+    await asyncio.to_thread(wait_out_quarantine, server.url, max_ttl_ms=MAX_TTL)
+    after = make_backend(server.url, max_ttl_ms=MAX_TTL, prefix="after:")
+    assert (await after.acquire_lease("k", "bob", MAX_TTL)).acquired

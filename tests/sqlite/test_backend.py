@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections import deque
 from pathlib import Path
@@ -40,8 +43,8 @@ async def test_three_slashes_is_relative_four_is_absolute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    relative = from_url("sqlite:///rel/dir/a.db")
-    absolute = from_url(f"sqlite:///{tmp_path / 'abs' / 'b.db'}")
+    relative = from_url("sqlite:///rel/dir/a.db?create_dirs=1")
+    absolute = from_url(f"sqlite:///{tmp_path / 'abs' / 'b.db'}?create_dirs=1")
     four = from_url(f"sqlite:////{str(tmp_path).lstrip('/')}/c.db")
     assert isinstance(relative, SqlitePubSub) and isinstance(absolute, SqlitePubSub)
     assert isinstance(four, SqlitePubSub)
@@ -113,7 +116,7 @@ async def test_tenure_url_overrides_the_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = tmp_path / "from-env" / "nested" / "t.db"
-    monkeypatch.setenv("TENURE_URL", f"sqlite:///{target}")
+    monkeypatch.setenv("TENURE_URL", f"sqlite:///{target}?create_dirs=1")
     async with from_url() as backend:
         assert isinstance(backend, SqlitePubSub)
         assert backend.path == str(target)
@@ -364,3 +367,71 @@ async def test_an_acquire_of_a_key_seen_held_is_refused_by_a_read_without_the_wr
         assert await backend.get_lease_owner("k") == "alice"
         await backend.release_lease("k", "alice")
         assert (await backend.acquire_lease("k", "bob", 60_000)).acquired  # free: the read sees it
+
+
+# -- a typo in the path ---------------------------------------------------------------
+
+
+def test_a_file_in_a_missing_directory_is_refused_unless_create_dirs(tmp_path: Path) -> None:
+    """A typo in a path used to give a new, private database (and its leases)."""
+    typo = tmp_path / "jobs" / "tneure.db"
+    for build in (
+        lambda: from_url(f"sqlite:///{typo}"),
+        lambda: from_url(f"sqlite:///{typo}?create_dirs=0"),
+        lambda: SqlitePubSub(typo),
+    ):
+        with pytest.raises(ConfigurationError, match="does not exist") as caught:
+            build()
+        assert "create_dirs=1" in str(caught.value) and str(typo.parent) in str(caught.value)
+    in_a_file = tmp_path / "a-file"
+    in_a_file.write_text("")
+    with pytest.raises(ConfigurationError, match="is not a directory"):
+        from_url(f"sqlite:///{in_a_file}/x.db")
+    with pytest.raises(ConfigurationError, match="create_dirs must be true or false"):
+        from_url(f"sqlite:///{typo}?create_dirs=maybe")
+    assert not typo.parent.exists()
+
+
+@pytest.mark.asyncio
+async def test_create_dirs_creates_the_directory_at_first_use(tmp_path: Path) -> None:
+    by_url, by_keyword = tmp_path / "u" / "deeper" / "a.db", tmp_path / "k" / "deeper" / "b.db"
+    for file, backend in (
+        (by_url, from_url(f"sqlite:///{by_url}?create_dirs=1")),
+        (by_keyword, SqlitePubSub(by_keyword, create_dirs=True)),
+    ):
+        assert not file.parent.exists()  # nothing before first use
+        async with backend:
+            assert (await backend.acquire_lease("k", "o", 1000)).acquired
+        assert file.is_file()
+
+
+@pytest.mark.asyncio
+async def test_a_directory_removed_after_construction_is_refused_at_first_use(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    backend = from_url(f"sqlite:///{folder / 'leases.db'}")
+    folder.rmdir()
+    async with backend:
+        with pytest.raises(ConfigurationError, match="does not exist"):
+            await backend.acquire_lease("k", "o", 1000)
+    assert not folder.exists()
+
+
+def test_the_cli_refuses_a_missing_directory_too(tmp_path: Path) -> None:
+    typo = tmp_path / "jobs" / "tneure.db"
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", "tenure", "run", "--url", f"sqlite:///{typo}", "job", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "does not exist" in done.stderr and "create_dirs=1" in done.stderr, done.stderr
+    assert not typo.parent.exists()

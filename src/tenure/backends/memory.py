@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._contract import AcquireResult, Capability, LeaseRecord
+from .._contract import AcquireResult, Capability, LeaseRecord, RefusalReason
 from .._errors import ConfigurationError, InvalidArgument
 from .._pubsub import (
     Callback,
@@ -57,6 +57,8 @@ _set_acquired = AcquireResult.__dict__["acquired"].__set__
 _set_owner = AcquireResult.__dict__["owner"].__set__
 _set_token = AcquireResult.__dict__["token"].__set__
 _set_retry_after = AcquireResult.__dict__["retry_after_ms"].__set__
+_set_reason = AcquireResult.__dict__["reason"].__set__
+_HELD = RefusalReason.HELD
 
 
 @dataclass(eq=False)
@@ -347,6 +349,7 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
         _set_owner(result, owner)
         _set_token(result, token)
         _set_retry_after(result, None)
+        _set_reason(result, None)
         self._leases[key] = [deadline, owner, token, result]
         return result
 
@@ -358,7 +361,7 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
             return self._grant(key, owner, now + ttl_ms / 1000, now)
         step = acquire_step(lease[_OWNER], lease[_DEADLINE], owner, now)
         if step == REFUSE:
-            return AcquireResult(False, lease[_OWNER], None)
+            return AcquireResult(False, lease[_OWNER], None, reason=_HELD)
         if step == EXTEND:
             lease[_DEADLINE] = now + ttl_ms / 1000
             grant: AcquireResult = lease[_GRANT]

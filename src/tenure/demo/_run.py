@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.live import Live
 
 from .. import TenureError, from_url
-from .._url import redact_url
+from .._url_options import redact_url
 from ..runtime import ThreadRun, ThreadRuntime
 from ._evidence import (
     COORDINATOR,

@@ -12,8 +12,9 @@ from .._contract import AcquireResult, Backend, Capability, LeaseRecord, capabil
 from .._errors import BackendClosed, ConfigurationError
 from .._lifecycle import Closeable
 from .._pubsub import Event, check_callback
-from .._url import default_url, redact_url
+from .._url import default_url
 from .._url import from_url as async_from_url
+from .._url_options import redact_url
 from . import _portal
 from ._portal import call
 

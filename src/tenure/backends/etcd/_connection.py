@@ -26,7 +26,7 @@ import grpc  # isort: skip
 import grpc.aio  # isort: skip
 
 from ..._errors import BackendUnavailable, ConfigurationError
-from ..._url import parse_query, redact_url, to_int, to_seconds
+from ..._url_options import parse_query, redact_url, to_int, to_seconds
 
 __all__ = ["EtcdChannel", "parse_url", "rpc"]
 

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from ..._contract import Capability
 from ..._errors import ConfigurationError
-from ..._url import to_int, to_seconds
+from ..._url_options import to_int, to_seconds
 from .._claimed import EventOptions
 from ._events import PostgresEvents
 from ._leases import _KWARGS, _URL_OPTIONS, PostgresLeaseProvider

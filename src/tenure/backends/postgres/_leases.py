@@ -6,15 +6,16 @@ import logging
 import uuid
 import warnings
 from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit, urlunsplit
 
 from psycopg_pool import AsyncConnectionPool
 
-from ..._contract import AcquireResult, LeaseRecord
+from ..._contract import AcquireResult, Capability, LeaseRecord, RefusalReason, capabilities_of
 from ..._doctor import Finding
 from ..._errors import ConfigurationError
-from ..._url import parse_query, to_bool, to_int, to_seconds
+from ..._url_options import parse_query, to_bool, to_int, to_seconds
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore, prefix_range
 from ._connection import PgConnection
 
@@ -46,6 +47,53 @@ _KWARGS = frozenset(
         "listen_conninfo",
     }
 )
+
+
+def _split_url(
+    url: str,
+    options: dict[str, Any],
+    url_options: dict[str, tuple[str, Callable[[str], Any]]],
+    keywords: frozenset[str],
+) -> tuple[str, dict[str, Any]]:
+    """The libpq conninfo of ``url`` (tenure's options removed) and the constructor's
+    keywords (the URL's options, overridden by ``options``)."""
+    unknown = sorted(set(options) - keywords)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option(s) for postgresql://: {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(keywords))}"
+        )
+    query = parse_query(
+        url, {name: parse for name, (_, parse) in url_options.items()}, pass_unknown=True
+    )
+    parts = urlsplit(url)  # parse_query has parsed it already
+    if parts.scheme.lower() not in {"postgresql", "postgres"}:
+        raise ConfigurationError(
+            f"not a postgresql:// URL: {parts.scheme}:// (expected postgresql:// or postgres://)"
+        )
+    conninfo = urlunsplit(parts._replace(query=query.rest_query()))
+    kwargs: dict[str, Any] = {url_options[name][0]: value for name, value in query.ours.items()}
+    kwargs.update(options)
+    return conninfo, kwargs
+
+
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    """The lease statements of ``sql/``, rendered for one instance's names."""
+
+    acquire: str
+    get: str
+    release: str
+    renew: str
+    renew_many: str
+    transfer: str
+    waiter_register: str
+    scan: str
+    revoke: str
+
+    @classmethod
+    def rendered(cls, render: Callable[[str], str]) -> _Statements:
+        return cls(**{f.name: render(f.name) for f in fields(cls)})
 
 
 class PostgresLeaseProvider(LeaseCore):
@@ -185,16 +233,7 @@ class PostgresLeaseProvider(LeaseCore):
             on_gap=self._waiters.wake_all,
         )
         self._channel = self._conn.channel
-        render = self._conn.render
-        self._q_acquire = render("acquire")
-        self._q_get = render("get")
-        self._q_release = render("release")
-        self._q_renew = render("renew")
-        self._q_renew_many = render("renew_many")
-        self._q_transfer = render("transfer")
-        self._q_waiter_register = render("waiter_register")
-        self._q_scan = render("scan")
-        self._q_revoke = render("revoke")
+        self._q = _Statements.rendered(self._conn.render)
         # This instance's name in the waiters table.
         self._waiter_id = uuid.uuid4()
 
@@ -210,25 +249,7 @@ class PostgresLeaseProvider(LeaseCore):
         :class:`~tenure.ConfigurationError`. Keyword ``options`` (the
         constructor's) override the URL.
         """
-        unknown = sorted(set(options) - cls._kwargs)
-        if unknown:
-            raise ConfigurationError(
-                f"unknown option(s) for postgresql://: {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(cls._kwargs))}"
-            )
-        query = parse_query(
-            url, {name: parse for name, (_, parse) in cls._url_options.items()}, pass_unknown=True
-        )
-        parts = urlsplit(url)  # parse_query has parsed it already
-        if parts.scheme.lower() not in {"postgresql", "postgres"}:
-            raise ConfigurationError(
-                f"not a postgresql:// URL: {parts.scheme}:// (expected postgresql:// or postgres://)"
-            )
-        conninfo = urlunsplit(parts._replace(query=query.rest_query()))
-        kwargs: dict[str, Any] = {
-            cls._url_options[name][0]: value for name, value in query.ours.items()
-        }
-        kwargs.update(options)
+        conninfo, kwargs = _split_url(url, options, cls._url_options, cls._kwargs)
         return cls(conninfo, **kwargs)
 
     def __repr__(self) -> str:
@@ -253,7 +274,7 @@ class PostgresLeaseProvider(LeaseCore):
         wanted = owner.encode()
         rows = await self._conn.execute(
             "acquire_lease",
-            self._q_acquire,
+            self._q.acquire,
             {"key": key.encode(), "owner": wanted, "ttl_ms": ttl},
             retry=True,
             definite=lambda rows: bool(rows) and rows[0][0] == wanted,
@@ -261,10 +282,10 @@ class PostgresLeaseProvider(LeaseCore):
         holder, token = rows[0]
         if holder == wanted:
             return AcquireResult(True, owner, int(token))
-        return AcquireResult(False, bytes(holder).decode(), None)
+        return AcquireResult(False, bytes(holder).decode(), None, reason=RefusalReason.HELD)
 
     async def _read(self, key: str) -> LeaseRecord | None:
-        rows = await self._conn.execute("get_lease", self._q_get, {"key": key.encode()}, retry=True)
+        rows = await self._conn.execute("get_lease", self._q.get, {"key": key.encode()}, retry=True)
         if not rows:
             return None
         owner, token, ttl_ms = rows[0]
@@ -274,14 +295,14 @@ class PostgresLeaseProvider(LeaseCore):
         """What ``tenure doctor`` reports about this database (:mod:`tenure._doctor`)."""
         from ._doctor import diagnose
 
-        return await diagnose(self)
+        return await diagnose(self._conn, events=Capability.EVENTS in capabilities_of(self))
 
     async def _scan(self, prefix: str) -> AsyncGenerator[list[tuple[str, LeaseRecord]], None]:
         low, high = prefix_range(prefix.encode())
         while True:
             rows = await self._conn.execute(
                 "scan_leases",
-                self._q_scan,
+                self._q.scan,
                 {"low": low, "high": high, "page": PAGE},
                 retry=True,
             )
@@ -299,7 +320,7 @@ class PostgresLeaseProvider(LeaseCore):
     async def _revoke(self, key: str, token: int | None) -> bool:
         rows = await self._conn.execute(
             "revoke_lease",
-            self._q_revoke,
+            self._q.revoke,
             {"key": key.encode(), "token": token, "channel": self._channel},
             retry=True,
             # A retried revoke that finds nothing may follow a first attempt that revoked.
@@ -312,7 +333,7 @@ class PostgresLeaseProvider(LeaseCore):
         self._args_owner(key, owner)
         await self._conn.execute(
             "release_lease",
-            self._q_release,
+            self._q.release,
             {"key": key.encode(), "owner": owner.encode(), "channel": self._channel},
             retry=True,
         )
@@ -321,7 +342,7 @@ class PostgresLeaseProvider(LeaseCore):
         ttl = self._args(key, owner, ttl_ms)
         rows = await self._conn.execute(
             "renew_lease",
-            self._q_renew,
+            self._q.renew,
             {"key": key.encode(), "owner": owner.encode(), "ttl_ms": ttl},
             retry=True,
             definite=bool,
@@ -337,7 +358,7 @@ class PostgresLeaseProvider(LeaseCore):
         ttl = self._args_transfer(key, from_owner, to_owner, ttl_ms)
         rows = await self._conn.execute(
             "transfer_lease",
-            self._q_transfer,
+            self._q.transfer,
             {
                 "key": key.encode(),
                 "from_owner": from_owner.encode(),
@@ -363,7 +384,7 @@ class PostgresLeaseProvider(LeaseCore):
         unique = sorted(set(encoded))
         rows = await self._conn.execute(
             "renew_leases",
-            self._q_renew_many,
+            self._q.renew_many,
             {"keys": unique, "owner": owner.encode(), "ttl_ms": ttl},
             retry=True,
             definite=lambda rows: len(rows) == len(unique),
@@ -381,7 +402,7 @@ class PostgresLeaseProvider(LeaseCore):
         # between here and the wait's start.
         await self._conn.execute(
             "wait_lease_released",
-            self._q_waiter_register,
+            self._q.waiter_register,
             {"key": key.encode(), "waiter": self._waiter_id, "seconds": timeout + 1.0},
             retry=True,
         )

@@ -13,17 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from ..._errors import BackendUnavailable, TenureError
-from ..._url import redact
-
-if TYPE_CHECKING:
-    from ._connection import PgConnection
+from ._errors import PgErrors
 
 __all__ = ["PgListener"]
 
@@ -31,17 +28,33 @@ logger = logging.getLogger("tenure.postgres")
 
 
 class PgListener:
+    """One LISTEN session on the lease channel and the event channel.
+
+    Handed what it needs: the connection string, the two ``channels`` (lease,
+    event), the error translation, the time limit of a ping, ``prepare`` (the
+    backend's first use, run before listening) and ``is_closed``.
+    """
+
     def __init__(
         self,
-        link: PgConnection,
         conninfo: str,
+        *,
+        channels: tuple[str, str],
+        errors: PgErrors,
+        call_timeout: float,
+        prepare: Callable[[str], Awaitable[None]],
+        is_closed: Callable[[], bool],
         on_notify: Callable[[str], None],
         on_gap: Callable[[], None],
         ping_interval: float,
     ) -> None:
-        self._link = link
         self._conninfo = conninfo
-        self._handlers: dict[str, Callable[[str], None]] = {link.channel: on_notify}
+        self._channel, self._event_channel = channels
+        self._errors = errors
+        self._call_timeout = call_timeout
+        self._prepare = prepare
+        self._is_closed = is_closed
+        self._handlers: dict[str, Callable[[str], None]] = {self._channel: on_notify}
         self._gap_handlers: list[Callable[[], None]] = [on_gap]
         self._ping_interval = ping_interval
         self._task: asyncio.Task[None] | None = None
@@ -52,7 +65,7 @@ class PgListener:
     def on_events(self, notify: Callable[[str], None], gap: Callable[[], None]) -> None:
         """Also deliver the event channel's notifications to ``notify``, and call
         ``gap`` after a reconnection."""
-        self._handlers[self._link.event_channel] = notify
+        self._handlers[self._event_channel] = notify
         self._gap_handlers.append(gap)
 
     def _gap(self) -> None:
@@ -61,26 +74,26 @@ class PgListener:
 
     async def ensure(self, op: str) -> None:
         """Start the connection if it is not running; wait until it listens."""
-        await self._link.prepare(op)
+        await self._prepare(op)
         task = self._task
         if task is None or task.done():
             ready = self._ready = asyncio.get_running_loop().create_future()
             # A first failure nobody awaits any more must not be logged as lost.
             ready.add_done_callback(lambda f: f.cancelled() or f.exception())
             self._task = asyncio.create_task(
-                self._listen(ready), name=f"tenure-postgres-listen-{self._link.channel}"
+                self._listen(ready), name=f"tenure-postgres-listen-{self._channel}"
             )
         assert self._ready is not None
         await asyncio.shield(self._ready)
 
     async def _listen(self, ready: asyncio.Future[None]) -> None:
-        link = self._link
+        errors = self._errors
         listen = sql.SQL("").join(
             sql.SQL("LISTEN {};").format(sql.Identifier(channel))
-            for channel in (link.channel, link.event_channel)
+            for channel in (self._channel, self._event_channel)
         )
         delay = 0.1
-        while not link.closed:
+        while not self._is_closed():
             try:
                 conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
                 try:
@@ -102,14 +115,14 @@ class PgListener:
             except (psycopg.Error, BackendUnavailable) as exc:
                 if not ready.done():
                     ready.set_exception(
-                        exc if isinstance(exc, TenureError) else link.error("LISTEN", exc)
+                        exc if isinstance(exc, TenureError) else errors.error("LISTEN", exc)
                     )
                     return
                 self._gap()
                 logger.warning(
                     "LISTEN connection to PostgreSQL at %s lost (%s); reconnecting in %.1f s",
-                    link.where,
-                    redact(str(exc), link.secrets),
+                    errors.where,
+                    errors.redact(str(exc)),
                     delay,
                 )
                 await asyncio.sleep(delay)
@@ -117,7 +130,7 @@ class PgListener:
 
     async def _ping(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """One ``SELECT 1`` on the LISTEN connection within ``call_timeout``."""
-        limit = self._link.call_timeout
+        limit = self._call_timeout
         task = asyncio.ensure_future(conn.execute("SELECT 1"))
         await asyncio.wait((task,), timeout=limit)
         if not task.done():

@@ -1,7 +1,11 @@
 """Leases and pub/sub on Redis: Lua scripts for leases, Streams for events.
 
-- ``_connection``: the client, the pipelined lease connection, the first-use
-  check, and the one translation of driver errors;
+- ``_client``: the redis-py client built from a URL (retries off);
+- ``_pipe``: the pipelined transport of lease commands;
+- ``_errors``: the one translation of driver errors;
+- ``_scripts`` and ``_keys``: the Lua scripts of ``lua/``, the key encoding;
+- ``_connection``: :class:`RedisConnection`, the first-use check and every
+  command sent, through the transport or redis-py's pool;
 - ``_leases``: the lease half, one script of ``lua/`` per operation;
 - ``_streams``: the event half (consumer groups on Redis Streams), whose
   subscriptions read through ``_reading``;
@@ -10,6 +14,6 @@
 """
 
 from ._backend import RedisClusterPubSub, RedisStreamsPubSub
-from ._connection import _tag as _tag  # the key encoding, which the tests check
+from ._keys import _tag as _tag  # the key encoding, which the tests check
 
 __all__ = ["RedisClusterPubSub", "RedisStreamsPubSub"]

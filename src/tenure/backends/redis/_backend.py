@@ -13,11 +13,22 @@ from redis.asyncio.cluster import RedisCluster
 from ..._contract import Capability
 from ..._errors import ConfigurationError, InvalidArgument
 from ..._validate import MAX_TTL_MS
-from ._connection import client_from_url, client_settings
+from ._client import client_from_url, client_settings
 from ._leases import RedisLeases
 from ._streams import RedisStreams
 
 __all__ = ["RedisClusterPubSub", "RedisStreamsPubSub"]
+
+
+def _check_numbers(*, min_replicas: int, max_ttl_ms: int, **at_least_one: int) -> None:
+    """Raise :class:`InvalidArgument` for a numeric option out of range."""
+    for name, value in {"max_ttl_ms": max_ttl_ms, **at_least_one}.items():
+        if type(value) is not int or value < 1:
+            raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
+    if type(min_replicas) is not int or min_replicas < 0:
+        raise InvalidArgument(f"min_replicas must be an int >= 0, got {min_replicas!r}")
+    if max_ttl_ms > MAX_TTL_MS:
+        raise InvalidArgument(f"max_ttl_ms must be at most {MAX_TTL_MS}, got {max_ttl_ms}")
 
 
 class RedisStreamsPubSub(RedisLeases, RedisStreams):
@@ -44,61 +55,16 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     **State loss and quarantine.** A Redis that loses data (a restart without
     persistence, ``FLUSHALL``/``FLUSHDB``, eviction, a failover to a replica
     that had not received the last grants) forgets leases that their holders
-    still use; granting at once would give a key two owners. Each prefix has
-    an epoch marker key ``<prefix>epoch`` (``"<quarantine end>:<replication
-    ID>:<evicted keys>"``, no TTL). A new grant reads it in the acquire script
-    (one ``GET``; nothing else on the hot path, unless the server's
-    ``maxmemory-policy`` can evict, when the script also compares the
-    server's ``evicted_keys`` with the marker's). Without the marker, or after
-    an eviction, ``lua/epoch.lua`` decides in one script and records the
-    answer in the marker: lease state may have been lost, and grants are
-    refused for ``max_ttl_ms`` (+1 %; after a restart, counted from the
-    server's start), when the marker is missing and this client saw it before
-    (it remembers every marker a grant of its went through), or the server was
-    promoted from a replica (``master_replid2`` set: a replica promoted before
-    the prefix's first grant reached it has no marker, while that grant may be
-    in use), or it started less than that ago without ``appendfsync always``,
-    or its clock is behind its start time, or ``FLUSHALL``/``FLUSHDB`` ran
-    since it started, or it has evicted keys; when the marker's replication ID is not the server's and
-    the server was promoted from a replica (``master_replid2``), or restarted
-    without ``appendfsync always``; when keys were evicted since the marker
-    was written. Every new lease connection runs the same check before its
-    first command, so after a failover (a reconnection) the first grant is
-    already judged. A refused grant returns ``AcquireResult(acquired=False,
-    owner=None, retry_after_ms=…)``, ``hold`` and ``acquire_wait`` raise
+    still use; granting at once would give a key two owners. Where the server
+    shows signs of such a loss, new grants of the prefix are refused for
+    ``max_ttl_ms`` (the longest a lost lease can be in use): a refused grant
+    returns ``AcquireResult(acquired=False, owner=None, retry_after_ms=…,
+    reason=RefusalReason.QUARANTINE)``, ``hold`` and ``acquire_wait`` raise
     :class:`LeaseUnavailable` saying so, and one warning with the reason is
-    logged per quarantine. Leases that survived are still named as held.
-
-    *When the server counts as new* (no quarantine at first contact): the
-    marker is written in the same step as any grant of the prefix needs it,
-    so its absence means no lease of the prefix was granted since it was
-    lost. A server with ``appendonly yes`` and ``appendfsync always`` (read
-    with ``CONFIG GET`` at first use; a server that refuses ``CONFIG`` does
-    not count) keeps the marker across a restart, so if it is missing there
-    and no flush or eviction happened since the start, the prefix was never
-    used: the first grant is immediate. Without that persistence a server that
-    started less than ``max_ttl_ms`` ago cannot tell a first use from a loss,
-    and refuses for the rest of that window (pass ``quarantine=False`` for a
-    throwaway server). A server up longer than ``max_ttl_ms`` with no sign of
-    loss grants a new prefix at once.
-
-    *Not detected*: an operator's ``DEL`` of lease keys, or of the marker
-    when the client that asks next never saw it; a
-    ``FLUSHALL`` followed by a restart of a durable server within
-    ``max_ttl_ms`` (the restart clears the command statistics), or
-    ``CONFIG RESETSTAT`` after a flush (a reset eviction count is taken as a
-    possible eviction); a failover where the client keeps talking
-    to the old address (a plain ``redis://`` URL whose host moved; Sentinel
-    clients reconnect, and reconnecting runs the check; on a Cluster every
-    new grant compares the replication ID). In those cases a key can have two
-    owners for up to one TTL; fencing tokens still increase (see **Clock**).
-    A restart from an RDB snapshot or an AOF without ``appendfsync always`` is
-    seen through the server's new replication ID (Redis 7.0 draws a new one
-    at start; a version that kept it across a restart would hide a
-    snapshot's lost writes). For leases, run Redis with
-    ``appendonly yes``, ``appendfsync always`` and ``maxmemory-policy
-    noeviction``. ``quarantine=False`` turns all of this off (every acquire
-    then skips the marker).
+    logged per quarantine. Leases that survived are still named as held. The
+    rules (the epoch marker, flushes, when a server counts as new) and what
+    they cannot detect are in the docstring of
+    :class:`tenure.backends.redis._quarantine.Quarantine`.
 
     **Clock.** Expiry (``PX``) and tokens use the server's wall clock, not a
     monotonic one. A *forward* step of the Redis host's clock ends every live
@@ -287,38 +253,21 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         max_concurrency: int = 128,
         owns_client: bool = False,
     ) -> None:
-        if isinstance(client, RedisCluster) != self._cluster_client:
-            raise ConfigurationError(
-                f"{type(self).__name__} takes a {self._client_kind}, got "
-                f"{type(client).__name__}"
-                + (" (use RedisClusterPubSub)" if isinstance(client, RedisCluster) else "")
-            )
-        if not isinstance(client, aioredis.Redis | RedisCluster):
-            raise ConfigurationError(
-                f"client must be a {self._client_kind}, got {type(client).__name__}"
-            )
-        kwargs = client_settings(client)
-        if kwargs.get("decode_responses"):
-            raise ConfigurationError("the Redis client must have decode_responses=False")
+        self._check_client(client)
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise ConfigurationError(f"prefix must be a str without braces, got {prefix!r}")
-        for name, value in [
-            ("max_ttl_ms", max_ttl_ms),
-            ("max_attempts", max_attempts),
-            ("stream_maxlen", stream_maxlen),
-            ("claim_idle_ms", claim_idle_ms),
-            ("block_ms", block_ms),
-            ("dedupe_window_ms", dedupe_window_ms),
-            ("max_concurrency", max_concurrency),
-        ]:
-            if type(value) is not int or value < 1:
-                raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
-        if type(min_replicas) is not int or min_replicas < 0:
-            raise InvalidArgument(f"min_replicas must be an int >= 0, got {min_replicas!r}")
-        if type(replica_wait_ms) is not int or replica_wait_ms < 1:
-            raise InvalidArgument(f"replica_wait_ms must be an int >= 1, got {replica_wait_ms!r}")
-        if max_ttl_ms > MAX_TTL_MS:
-            raise InvalidArgument(f"max_ttl_ms must be at most {MAX_TTL_MS}, got {max_ttl_ms}")
+        _check_numbers(
+            max_ttl_ms=max_ttl_ms,
+            max_attempts=max_attempts,
+            stream_maxlen=stream_maxlen,
+            claim_idle_ms=claim_idle_ms,
+            block_ms=block_ms,
+            dedupe_window_ms=dedupe_window_ms,
+            max_concurrency=max_concurrency,
+            min_replicas=min_replicas,
+            replica_wait_ms=replica_wait_ms,
+        )
+        kwargs = client_settings(client)
         super().__init__(max_ttl_ms=max_ttl_ms)
         self._setup_connection(
             client, prefix=prefix, strict=bool(strict), max_concurrency=max_concurrency
@@ -340,6 +289,20 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
             block_ms=block_ms,
             dedupe_window_ms=dedupe_window_ms,
         )
+
+    def _check_client(self, client: Any) -> None:
+        if isinstance(client, RedisCluster) != self._cluster_client:
+            raise ConfigurationError(
+                f"{type(self).__name__} takes a {self._client_kind}, got "
+                f"{type(client).__name__}"
+                + (" (use RedisClusterPubSub)" if isinstance(client, RedisCluster) else "")
+            )
+        if not isinstance(client, aioredis.Redis | RedisCluster):
+            raise ConfigurationError(
+                f"client must be a {self._client_kind}, got {type(client).__name__}"
+            )
+        if client_settings(client).get("decode_responses"):
+            raise ConfigurationError("the Redis client must have decode_responses=False")
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Self:
@@ -378,8 +341,8 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
             return
         self._closed = True
         subs = self._take_subs()
-        listener = self._cancel_listener()
-        sweep = self._cancel_node_sweep()
+        listener = self._release_listener.cancel()
+        sweep = self._quarantine.cancel_sweep()
         await asyncio.gather(*(self._stop(sub) for sub in subs))
         tasks = [t for t in (listener, sweep) if t is not None]
         if tasks:

@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ..._doctor import Finding, ok, parse_info, unsafe, warn
 from ..._errors import BackendUnavailable
-
-if TYPE_CHECKING:
-    from ._leases import RedisLeases
 
 __all__ = ["diagnose"]
 
 _SKEW_WARN_S = 1.0
 
 
-async def diagnose(backend: RedisLeases) -> list[Finding]:
-    info = parse_info(await backend._call("INFO", "all"))  # first: the connection is up
+async def diagnose(
+    call: Callable[..., Awaitable[Any]],
+    quarantine_ms: int,
+    check_epoch: Callable[[], Awaitable[tuple[int, str]]],
+) -> list[Finding]:
+    """The findings for the server that ``call`` sends commands to.
+
+    ``quarantine_ms``: the backend's (0 when off); ``check_epoch``: what the
+    next grant would find (the check records its answer, as a grant does).
+    """
+    info = parse_info(await call("INFO", "all"))  # first: the connection is up
     sent = time.time()
-    seconds, micros = await backend._call("TIME")
+    seconds, micros = await call("TIME")
     got = time.time()
     try:
-        reply = await backend._call("CONFIG", "GET", "appendfsync")
+        reply = await call("CONFIG", "GET", "appendfsync")
         # redis-py may have parsed the pairs into a dict already.
         pairs = (
             list(reply.items())
@@ -32,10 +39,8 @@ async def diagnose(backend: RedisLeases) -> list[Finding]:
         fsync: str | None = pairs[0][1].decode() if pairs else None
     except BackendUnavailable:  # CONFIG renamed or not allowed (managed Redis)
         fsync = None
-    quarantine_ms = backend._quarantine_ms
-    # What the next grant would find (the check records its answer, as a grant does).
     try:
-        left_ms, reason = await backend._check_epoch() if quarantine_ms else (0, "")
+        left_ms, reason = await check_epoch() if quarantine_ms else (0, "")
     except BackendUnavailable as exc:  # a replica refuses the write
         left_ms, reason = -1, str(exc)
     return [

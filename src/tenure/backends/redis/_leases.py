@@ -7,20 +7,20 @@ server's clock.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
-from redis.crc import key_slot
-from redis.exceptions import ResponseError
-
-from ..._contract import AcquireResult, LeaseRecord
+from ..._contract import AcquireResult, LeaseRecord, RefusalReason
 from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore
-from ._connection import RedisParts, _slot_tags, _tag, load_script, slot_tag
+from ._connection import RedisConnection
+from ._keys import _tag
+from ._quarantine import Quarantine
+from ._scripts import Script, load_script
+from ._wakeups import ReleaseListener
 
 __all__ = ["RedisLeases"]
 
@@ -37,8 +37,8 @@ _RELEASE = load_script("release")
 _TRANSFER = load_script("transfer")
 _GET = load_script("get")
 _REVOKE = load_script("revoke")
-_EPOCH = load_script("epoch")
-_MARKER = b"epoch"
+_HELD = RefusalReason.HELD
+_QUARANTINE = RefusalReason.QUARANTINE
 _GLOB_SPECIAL = frozenset(b"\\*?[]")
 _LEASE_SUFFIX = b"}:lease"
 
@@ -58,7 +58,7 @@ def _split_value(value: bytes) -> tuple[int, str]:
     return int(token), owner.decode("utf-8")
 
 
-class RedisLeases(RedisParts, LeaseCore):
+class RedisLeases(LeaseCore):
     """Leases as Lua scripts, and release wake-ups over Redis pub/sub.
 
     A lease key holds ``"<token>:<owner>"`` with the lease's ``PX``; next to
@@ -69,6 +69,18 @@ class RedisLeases(RedisParts, LeaseCore):
     :class:`~tenure.backends.redis.RedisStreamsPubSub` docstring.
     """
 
+    # The connection part, set up once by the backend's RedisParts (which it
+    # inherits through its event half): declared here, not inherited twice.
+    _conn: RedisConnection
+    _client: Any
+    _eval: Callable[[Script, Sequence[bytes], Sequence[Any]], Awaitable[Any]]
+    _call: Callable[..., Awaitable[Any]]
+    _io: Callable[..., Awaitable[Any]]
+    _where: str
+    _prefix: str
+    _p: bytes
+    _instance: str
+
     capabilities = LEASE_CAPABILITIES
     _max_ttl_reason = (
         "after it may have lost leases (a restart, FLUSHALL, eviction, failover) the Redis "
@@ -78,79 +90,64 @@ class RedisLeases(RedisParts, LeaseCore):
 
     def _setup_leases(self, *, quarantine_ms: int, min_replicas: int, replica_wait_ms: int) -> None:
         self._channel = self._p + _RELEASED_CHANNEL
-        self._quarantine_ms = quarantine_ms
         self._min_replicas = min_replicas
         self._replica_wait_ms = replica_wait_ms
-        self._marker = self._p + _MARKER
         self._cluster = b"1" if self._conn.cluster else b"0"
         if min_replicas and self._conn.pipe is None:
             raise ConfigurationError(
                 "min_replicas needs the pipelined lease connection (WAIT counts the writes of "
                 "the connection it is sent on): not with a Redis Cluster or a RESP3 client"
             )
-        if quarantine_ms and self._conn.pipe is not None:
-            # A new connection may reach another server (a failover, a restart):
-            # look at its marker before the first command.
-            self._conn.pipe.on_connect = self._check_epoch_on
-        # Epoch markers this client has seen on the server (a grant or a refusal
-        # went through them): if one goes missing, state was lost (epoch.lua).
-        self._seen_markers: set[bytes] = set()
-        # Local (event-loop clock) end of the last quarantine we were told about.
-        self._quarantine_deadline = 0.0
-        self._pubsub: Any = None
-        self._listener: asyncio.Task[None] | None = None
-        # A cluster node's slots being put in quarantine together (_quarantine_node).
-        self._node_sweep: asyncio.Task[None] | None = None
-        self._listen_lock = asyncio.Lock()
+        self._quarantine = Quarantine(
+            self._conn, self._prefix, quarantine_ms=quarantine_ms, instance=self._instance
+        )
+        self._release_listener = ReleaseListener(
+            self._conn, self._channel, self._waiters, instance=self._instance
+        )
 
     def _lease_key(self, key: str) -> tuple[bytes, bytes]:
         base = self._p + b"{" + _tag(key) + b"}:"
         return base + b"lease", base + b"token"
 
-    def _marker_of(self, lease: bytes) -> bytes:
-        """The epoch marker for ``lease``: one per prefix; on a cluster, one per
-        prefix and key slot (a script touches one slot)."""
-        if self._conn.cluster:
-            return self._p + b"{" + slot_tag(lease) + b"}:" + _MARKER
-        return self._marker
-
     # -- the five methods ----------------------------------------------------------
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
         """Claim ``key``; during a quarantine ``AcquireResult(False, None,
-        retry_after_ms=…)`` (see the class docstring)."""
+        retry_after_ms=…, reason=RefusalReason.QUARANTINE)`` (see the class docstring)."""
         ttl = self._args(key, owner, ttl_ms)
         lease, counter = self._lease_key(key)
         args = (
             owner,
             ttl,
-            self._quarantine_ms,
+            self._quarantine.ms,
             max(_COUNTER_KEEP_MS, 2 * ttl),
             b"1" if self._conn.evicting else b"0",
             self._cluster,
         )
-        keys = (lease, counter, self._marker_of(lease))
+        keys = (lease, counter, self._quarantine.marker_of(lease))
         reply = await self._eval(_ACQUIRE, keys, args)
         if reply[0] == 3:
             # No marker, or keys were evicted: decide, record, and ask again.
-            left, reason = await self._check_epoch(keys[2])
+            left, reason = await self._quarantine.check(keys[2])
             if left and reason and self._conn.cluster:
-                self._start_node_quarantine(lease)
+                self._quarantine.start_node_quarantine(lease)
             reply = await self._eval(_ACQUIRE, keys, args)
         status = reply[0]
         if status in (1, 2):
-            self._seen_markers.add(keys[2])
+            self._quarantine.seen_markers.add(keys[2])
         if status == 1:
             if self._min_replicas:
                 await self._replicated(key, "grant", owner)
             return AcquireResult(True, owner, int(reply[1]))
         if status == 0:
-            return AcquireResult(False, reply[1].decode("utf-8"), None)
+            return AcquireResult(False, reply[1].decode("utf-8"), None, reason=_HELD)
         if status == 3:  # evicting again at once: refuse one quarantine
-            return AcquireResult(False, None, None, retry_after_ms=self._quarantine_ms)
+            return AcquireResult(
+                False, None, None, retry_after_ms=self._quarantine.ms, reason=_QUARANTINE
+            )
         left = int(reply[1])
-        self._note_quarantine(left, "")
-        return AcquireResult(False, None, None, retry_after_ms=left)
+        self._quarantine.note(left, "")
+        return AcquireResult(False, None, None, retry_after_ms=left, reason=_QUARANTINE)
 
     async def _replicated(self, key: str, what: str, release: str | None) -> None:
         """``WAIT`` until ``min_replicas`` replicas have this connection's writes.
@@ -174,97 +171,6 @@ class RedisLeases(RedisParts, LeaseCore):
             f"min_replicas={self._min_replicas} replicas within {self._replica_wait_ms} ms "
             f"(a failover could lose it){undone}"
         )
-
-    async def _check_epoch(self, marker: bytes | None = None) -> tuple[int, str]:
-        """Run ``epoch.lua`` on ``marker`` (by default the prefix's; on a cluster,
-        its first key slot's): has this server lost the prefix's lease state?
-
-        Returns the quarantine left in ms (0: none) and its reason.
-        """
-        if marker is None:
-            marker = self._marker_of(self._p + b"{}")
-        reply = await self._eval(
-            _EPOCH,
-            (marker,),
-            (
-                self._quarantine_ms,
-                b"1" if self._conn.durable else b"0",
-                b"1" if marker in self._seen_markers else b"0",
-            ),
-        )
-        left, reason = int(reply[0]), reply[1].decode("utf-8")
-        self._note_quarantine(left, reason)
-        return left, reason
-
-    def _start_node_quarantine(self, lease: bytes) -> None:
-        """Run :meth:`_quarantine_node` in the background (one at a time): it
-        writes thousands of markers, which must not hold up the refusal."""
-        if self._node_sweep is None or self._node_sweep.done():
-            self._node_sweep = asyncio.get_running_loop().create_task(
-                self._quarantine_node(lease), name=f"tenure-redis-quarantine-{self._instance}"
-            )
-
-    async def _quarantine_node(self, lease: bytes) -> None:
-        """On a cluster, after ``lease``'s slot was found to have lost state: run
-        the epoch check on the prefix's marker of every other slot of the same
-        primary, all written at once (best effort).
-
-        Markers are per slot, so each slot of a promoted (or restarted, or
-        flushed) node would otherwise start its own quarantine at its own first
-        grant, one ``max_ttl_ms`` after another. The loss happened before now
-        for every slot of the node alike, so one quarantine from now covers
-        them all: later first grants in those slots find it over.
-        """
-        try:
-            # A failover moved many slots: learn them (a MOVED reply updates one).
-            with self._conn.driver_errors:
-                await self._client.nodes_manager.initialize()
-            slots = self._client.nodes_manager.slots_cache
-            owner = slots.get(key_slot(lease))
-            if not owner:
-                return
-            tags = _slot_tags()
-            markers = [
-                self._p + b"{" + tags[slot] + b"}:" + _MARKER
-                for slot, nodes in slots.items()
-                if nodes and nodes[0].name == owner[0].name and slot != key_slot(lease)
-            ]
-            await self._conn.eval_per_key(
-                _EPOCH, markers, (self._quarantine_ms, b"1" if self._conn.durable else b"0", b"0")
-            )
-        except Exception as exc:  # best effort: each slot still checks at its first grant
-            logger.info("quarantining every slot of a Redis Cluster node failed: %r", exc)
-
-    async def _check_epoch_on(self, conn: Any) -> None:
-        """``epoch.lua`` on a new lease connection (``_Pipe.on_connect``)."""
-        durable = b"1" if self._conn.durable else b"0"
-        seen = b"1" if self._marker in self._seen_markers else b"0"
-        await conn.send_command(
-            "EVAL", _EPOCH.body, 1, self._marker, self._quarantine_ms, durable, seen
-        )
-        try:
-            reply = await conn.read_response()
-        except ResponseError:
-            return  # a replica (READONLY): every grant fails there anyway, and says why
-        self._note_quarantine(int(reply[0]), reply[1].decode("utf-8"))
-
-    def _note_quarantine(self, left_ms: int, reason: str) -> None:
-        """Remember (and log, once per quarantine) that grants are refused for ``left_ms``."""
-        if left_ms <= 0:
-            return
-        loop = asyncio.get_running_loop()
-        if loop.time() >= self._quarantine_deadline or reason:
-            logger.warning(
-                "Redis at %s refuses new leases of prefix %r for %.1f s: it may have lost "
-                "leases granted before (%s); a lease granted then can be in use until it "
-                "expires (max_ttl_ms=%d)",
-                self._where,
-                self._prefix,
-                left_ms / 1000,
-                reason or "a quarantine recorded on the server",
-                self._quarantine_ms,
-            )
-        self._quarantine_deadline = loop.time() + left_ms / 1000
 
     async def _read(self, key: str) -> LeaseRecord | None:
         reply = await self._eval(_GET, (self._lease_key(key)[0],), ())
@@ -328,7 +234,7 @@ class RedisLeases(RedisParts, LeaseCore):
         """What ``tenure doctor`` reports about this server (:mod:`tenure._doctor`)."""
         from ._doctor import diagnose
 
-        return await diagnose(self)
+        return await diagnose(self._call, self._quarantine.ms, self._quarantine.check)
 
     # -- operations ----------------------------------------------------------------------
 
@@ -389,87 +295,9 @@ class RedisLeases(RedisParts, LeaseCore):
     # -- waiting -----------------------------------------------------------------------
 
     async def _watch(self, key: str, timeout: float) -> None:
-        await self._ensure_listener()
+        await self._release_listener.ensure()
 
     async def _when_free(self, timeout: float) -> bool:
         # A free key is not grantable during a quarantine: wait for its end
         # rather than send a caller that retries acquire_lease into a hot loop.
-        left = self._quarantine_deadline - asyncio.get_running_loop().time()
-        if left > 0:
-            await asyncio.sleep(min(left, timeout))
-            return left <= timeout
-        return True
-
-    async def _ensure_listener(self) -> None:
-        if self._listener is not None and not self._listener.done():
-            return
-        async with self._listen_lock:
-            if self._listener is not None and not self._listener.done():
-                return
-            if not self._conn.ready:
-                await self._conn.prepare()
-            pubsub = self._conn.pubsub()
-            loop = asyncio.get_running_loop()
-            try:
-                with self._conn.driver_errors:
-                    await pubsub.subscribe(self._channel)
-                    # Wait for the confirmation: a release before it would be missed.
-                    deadline = loop.time() + 10.0
-                    while True:
-                        msg = await pubsub.get_message(timeout=1.0)
-                        if msg is not None and msg["type"] == "subscribe":
-                            break
-                        if loop.time() > deadline:
-                            raise TimeoutError("no confirmation of SUBSCRIBE")
-            except BaseException:
-                await self._close_pubsub(pubsub)
-                raise
-            self._pubsub = pubsub
-            self._listener = loop.create_task(
-                self._listen(pubsub), name=f"tenure-redis-listener-{self._instance}"
-            )
-
-    async def _listen(self, pubsub: Any) -> None:
-        loop = asyncio.get_running_loop()
-        last_ping = loop.time()
-        try:
-            while True:
-                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                if msg is not None and msg["type"] == "message":
-                    self._waiters.wake_one(msg["data"].decode("utf-8"))
-                elif msg is None and loop.time() - last_ping > 5.0:
-                    # Detects a dead or paused server while no message flows.
-                    last_ping = loop.time()
-                    await pubsub.ping()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.warning(
-                "lease notification connection to Redis at %s lost (%s); waking every waiter",
-                self._where,
-                type(exc).__name__,
-            )
-        finally:
-            self._waiters.wake_all()
-            if self._pubsub is pubsub:
-                self._pubsub = None
-            await self._close_pubsub(pubsub)
-
-    def _cancel_node_sweep(self) -> asyncio.Task[None] | None:
-        """Stop a node quarantine under way (closing): the task to await, if any."""
-        sweep, self._node_sweep = self._node_sweep, None
-        if sweep is not None:
-            sweep.cancel()
-        return sweep
-
-    def _cancel_listener(self) -> asyncio.Task[None] | None:
-        """Stop listening (closing): the task to await, if there was one."""
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.cancel()
-        return listener
-
-    @staticmethod
-    async def _close_pubsub(pubsub: Any) -> None:
-        with contextlib.suppress(Exception):
-            await pubsub.aclose()
+        return await self._quarantine.when_free(timeout)

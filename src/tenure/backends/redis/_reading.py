@@ -24,7 +24,8 @@ from redis.exceptions import ResponseError
 
 from ..._errors import BackendUnavailable
 from ..._pubsub import Callback, Event
-from ._connection import RedisParts, load_script
+from ._connection import RedisParts
+from ._scripts import load_script
 
 __all__ = ["StreamReader"]
 

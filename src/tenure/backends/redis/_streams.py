@@ -23,8 +23,9 @@ from ..._contract import Capability
 from ..._errors import BackendUnavailable, InvalidArgument
 from ..._pubsub import Callback, Event, PubSub, check_backlog, check_publish, check_subscribe
 from ..._validate import check_name
-from ._connection import _tag, load_script
+from ._keys import _tag
 from ._reading import _RETURNED, _RETURNED_IDLE_MS, StreamReader, _Sub
+from ._scripts import load_script
 
 __all__ = ["RedisStreams"]
 

@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 from ..._contract import Capability
 from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError
-from ..._url import parse_query, redact_url
+from ..._url_options import parse_query, redact_url, to_bool
 from .._core import LEASE_CAPABILITIES
 from ._connection import CHUNK, SYNCHRONOUS, Options, Worker, in_list, load_sql
 from ._events import SqliteEvents
@@ -49,6 +49,12 @@ def _convert_option(name: str, value: Any) -> Any:
             if number < low:
                 raise ValueError
             return number
+        if name == "create_dirs":
+            if isinstance(value, str):
+                return to_bool(value)
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
         if name == "synchronous":
             if not isinstance(value, str) or value.lower() not in SYNCHRONOUS:
                 raise ValueError
@@ -64,6 +70,7 @@ def _convert_option(name: str, value: Any) -> Any:
             "busy_timeout_ms": "an int >= 0 (milliseconds)",
             "max_attempts": "an int >= 1",
             "synchronous": "'normal' or 'full'",
+            "create_dirs": "true or false",
         }.get(name, "a finite number of seconds > 0")
         raise ConfigurationError(
             f"sqlite option {name} must be {expected}, got {value!r}"
@@ -238,7 +245,7 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     Options (keyword arguments or URL query parameters): ``busy_timeout_ms``,
     ``visibility_timeout``, ``max_attempts``, ``poll_interval``,
     ``prune_interval``, ``retention``, ``dedupe_window``, ``synchronous``
-    (``normal`` or ``full``).
+    (``normal`` or ``full``), ``create_dirs`` (see :meth:`from_url`).
 
     **Files of earlier versions** are brought up to date by the first
     connection that opens them (a new column per table, indexes and a trigger,
@@ -295,8 +302,10 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
         (see the class docstring); keyword ``options`` too, plus ``clock``. An
         unknown option, an option given twice (in the query, or in the query
         and as a keyword) or a bad value raises
-        :class:`~tenure.ConfigurationError`. Missing parent directories are
-        created when the file is first opened.
+        :class:`~tenure.ConfigurationError`. A file whose directory does not
+        exist is refused with :class:`~tenure.ConfigurationError` (a typo in
+        the path would otherwise give a second, private database), unless
+        ``create_dirs=1``: then missing directories are created at first use.
         """
         if not isinstance(url, str):
             raise ConfigurationError(f"url must be a str, got {type(url).__name__}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import os
 import queue
 import sqlite3
 import threading
@@ -24,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..._errors import BackendUnavailable
+from ..._errors import BackendUnavailable, ConfigurationError
 from .._claimed import EventOptions
 from ._wake import SAFETY_POLL, WakeChannel
 
@@ -110,6 +111,28 @@ class Options(EventOptions):
     poll_interval: float = 0.01
     busy_timeout_ms: int = 5000
     synchronous: str = "normal"
+    #: Create the file's missing parent directories at first use; otherwise a
+    #: missing directory is refused (most often a typo in the path).
+    create_dirs: bool = False
+
+
+def check_directory(file: str, opts: Options) -> None:
+    """Refuse ``file`` when its directory is missing, unless ``create_dirs`` is set.
+
+    Creating it silently would hand two processes two databases when one of
+    them has a typo in its path: each would hold "the" lease.
+    """
+    if opts.create_dirs:
+        return
+    where = os.path.dirname(file)
+    if os.path.isdir(where):
+        return
+    state = "is not a directory" if os.path.exists(where) else "does not exist"
+    raise ConfigurationError(
+        f"the directory of SQLite file {file!r}, {where!r}, {state} (a typo in the path?): "
+        f"create it, or add ?create_dirs=1 to the URL (create_dirs=True) to have tenure "
+        "create it at first use"
+    )
 
 
 class Worker:
@@ -129,6 +152,7 @@ class Worker:
         opts: Options,
         notify: weakref.WeakMethod[Callable[[Sequence[bytes]], None]],
     ) -> None:
+        check_directory(file, opts)
         self.file = file
         self.opts = opts
         self.notify = notify
@@ -269,6 +293,7 @@ class Worker:
             raise BackendUnavailable(
                 f"SqlitePubSub needs SQLite >= 3.35 (for RETURNING), this Python has {sqlite3.sqlite_version}"
             )
+        check_directory(self.file, self.opts)  # it may have gone since
         try:
             Path(self.file).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..._doctor import Finding, ok, unsafe, warn
-
-if TYPE_CHECKING:
-    from ._backend import SqlitePubSub
+from ._connection import Options, Worker
 
 __all__ = ["diagnose", "filesystem_of"]
 
@@ -39,9 +37,19 @@ def filesystem_of(path: str) -> str | None:
     return kind
 
 
-async def diagnose(backend: SqlitePubSub) -> list[Finding]:
+class _Diagnosed(Protocol):
+    """What the checks read of the backend (``SqlitePubSub``)."""
+
+    _file: str
+    _opts: Options
+    _worker: Worker
+
+    async def get_lease_owner(self, key: str) -> str | None: ...
+
+
+async def diagnose(backend: _Diagnosed) -> list[Finding]:
     file = backend._file
-    missing = _not_there(file)
+    missing = _not_there(file, create_dirs=backend._opts.create_dirs)
     if missing is not None:
         return missing
     await backend.get_lease_owner("tenure-doctor")  # opens the file: WAL and schema, or fails
@@ -54,13 +62,16 @@ async def diagnose(backend: SqlitePubSub) -> list[Finding]:
     ]
 
 
-def _not_there(file: str) -> list[Finding] | None:
+def _not_there(file: str, *, create_dirs: bool) -> list[Finding] | None:
     """The findings for a file not created yet (nothing is created here), or ``None``."""
     if os.path.exists(file):
         return None
     where = os.path.dirname(file)
     found = [warn("file", f"{file} does not exist yet (tenure creates it on first use)")]
     if not os.path.isdir(where):
+        if create_dirs and not os.path.exists(where):
+            return [*found, warn("directory", f"{where} does not exist yet (create_dirs=1)")]
+        # Without create_dirs the backend refuses it before this is reached.
         return [*found, unsafe("directory", f"{where} does not exist", f"mkdir -p {where}")]
     if not os.access(where, os.W_OK | os.X_OK):
         return [*found, unsafe("directory", f"{where} is not writable by this user", "fix it")]
@@ -107,7 +118,7 @@ def _permissions(file: str) -> Finding:
     return ok("permissions", f"{stat.filemode(mode)} {file}")
 
 
-def _wake_ups(backend: SqlitePubSub) -> Finding:
+def _wake_ups(backend: _Diagnosed) -> Finding:
     """Whether this process can use the wake-up sockets beside the file (it tries)."""
     backend._worker.listen()
     wake = backend._worker.wake

@@ -12,7 +12,7 @@ import math
 import sqlite3
 from collections.abc import AsyncGenerator, Sequence
 
-from ..._contract import AcquireResult, LeaseRecord
+from ..._contract import AcquireResult, LeaseRecord, RefusalReason
 from .._core import EXTEND, GRANT, PAGE, REFUSE, LeaseCore, acquire_step, holds, prefix_range
 from ._connection import CHUNK, Connected, in_list, load_sql
 from ._wake import FREED, TRANSFERRED
@@ -182,7 +182,7 @@ class SqliteLeases(LeaseCore, Connected):
             self._acquire_job, key.encode(), owner.encode(), ttl
         )
         if not acquired:
-            return AcquireResult(False, holder.decode(), None)
+            return AcquireResult(False, holder.decode(), None, reason=RefusalReason.HELD)
         if key in self._watched:
             self._watched[key] = token
         return AcquireResult(True, owner, token)
