@@ -336,3 +336,72 @@ async def test_a_sigterm_while_the_command_starts_is_passed_on_once_it_started(
     assert code in (0, 128 + signal.SIGTERM), (code, err)
     async with tenure.from_url(url) as backend:
         assert await backend.get_lease("job") is None
+
+
+# A worker that ignores SIGTERM, writes its pid, and runs on.
+STUBBORN = (
+    "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+)
+
+
+def _pid(path: Path) -> int | None:
+    text = path.read_text() if path.exists() else ""
+    return int(text) if text else None
+
+
+@pytest.mark.asyncio
+async def test_a_lost_lease_kills_the_whole_group_even_when_its_shell_dies_at_once(
+    url: str, backend: tenure.Backend, tmp_path: Path
+) -> None:
+    """``sh`` dies of the SIGTERM at once; the worker it started ignores it. The
+    worker must be SIGKILLed after the grace, and be gone when ``tenure run`` exits."""
+    pid_file = tmp_path / "pid"
+    script = f'{sys.executable} -c "{STUBBORN}" {pid_file} >/dev/null 2>&1 & wait'
+    proc = await _start("--grace", "1", "job", "--", "sh", "-c", script, url=url)
+    await _until(lambda: _pid(pid_file) is not None)
+    assert await backend.revoke_lease("job")
+    code, err = await _finish(proc)
+    assert code == EXIT_LOST, err
+    assert "SIGKILL" in err
+    pid = _pid(pid_file)
+    assert pid is not None and _dead(pid)
+
+
+@pytest.mark.asyncio
+async def test_what_the_command_leaves_in_its_group_is_stopped_before_the_release(
+    url: str, backend: tenure.Backend, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pid"
+    script = (
+        f'{sys.executable} -c "{STUBBORN}" {pid_file} >/dev/null 2>&1 & '
+        f"while [ ! -s {pid_file} ]; do sleep 0.05; done; exit 3"
+    )
+    code, err = await _finish(
+        await _start("--grace", "0.5", "job", "--", "sh", "-c", script, url=url)
+    )
+    assert code == 3, err
+    pid = _pid(pid_file)
+    assert pid is not None and _dead(pid)
+    assert "left processes in its group" in err
+    assert await backend.get_lease("job") is None
+
+
+@pytest.mark.asyncio
+async def test_a_killed_supervisor_takes_the_commands_whole_group_along(
+    url: str, backend: tenure.Backend, tmp_path: Path
+) -> None:
+    """``sh -c 'python work.py; echo done'``: ``work.py`` is not the direct child,
+    and must die with ``tenure run`` all the same."""
+    pid_file = tmp_path / "pid"
+    work = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+    # Its output goes elsewhere: a pipe held open would keep the wait for the
+    # killed supervisor going until work.py ended on its own.
+    script = f'{sys.executable} -c "{work}" {pid_file} >/dev/null 2>&1; echo done'
+    proc = await _start("job", "--", "sh", "-c", script, url=url)
+    await _until(lambda: _pid(pid_file) is not None)
+    proc.kill()
+    await proc.wait()
+    pid = _pid(pid_file)
+    assert pid is not None
+    await _until(lambda: _dead(pid), timeout=10)
