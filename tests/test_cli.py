@@ -173,6 +173,39 @@ def test_demo_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None
         assert option in out
 
 
+def _help(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--help"])
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_run_help_lists_every_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    statuses = _help(["run"], capsys).split("exit status:")[1]
+    codes = {line.split()[0] for line in statuses.splitlines() if line.strip()}
+    assert {"2", "69", "73", "75", "126", "127"} <= codes
+    assert "128+N" in statuses and "unknown scheme" in statuses
+
+
+@pytest.mark.parametrize(
+    ("args", "codes"),
+    [
+        (["threads"], {"0", "2", "69"}),
+        (["watch"], {"0", "2", "69"}),
+        (["doctor"], {"0", "1", "2", "69"}),
+        (["leases", "list"], {"0", "2", "69"}),
+        (["leases", "get"], {"0", "1", "2", "69"}),
+        (["leases", "revoke"], {"0", "1", "2", "69"}),
+        (["demo"], {"0", "1", "2"}),
+    ],
+)
+def test_each_command_help_lists_its_exit_statuses(
+    args: list[str], codes: set[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    statuses = _help(args, capsys).split("exit status:")[1]
+    assert {line.split()[0] for line in statuses.splitlines() if line[:4].strip()} == codes
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--version"])

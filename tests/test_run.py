@@ -405,3 +405,41 @@ async def test_a_killed_supervisor_takes_the_commands_whole_group_along(
     pid = _pid(pid_file)
     assert pid is not None
     await _until(lambda: _dead(pid), timeout=10)
+
+
+@pytest.mark.asyncio
+async def test_options_after_the_key_are_tenures_when_a_double_dash_follows(
+    url: str, backend: tenure.Backend, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    proc = await _start(
+        *("job", "--url", url, "--ttl-ms", "2000", "--owner", "me", "--"),
+        *(sys.executable, "-c", COMMAND, str(out), "sleep"),
+        url=None,
+    )
+    await _until(lambda: "started" in _record(out))
+    record = await backend.get_lease("job")
+    assert record is not None and record.owner == "me" and record.ttl_ms <= 2000
+    proc.send_signal(signal.SIGTERM)
+    code, err = await _finish(proc)
+    assert code == 0, err
+    # Without "--", the command starts at the word after KEY, as documented.
+    code, err = await _finish(
+        await _start("job", sys.executable, "-c", COMMAND, str(out), "5", url=url)
+    )
+    assert code == 5, err
+
+
+@pytest.mark.asyncio
+async def test_a_forgotten_key_is_a_usage_error_not_a_lease_on_the_command(
+    url: str, backend: tenure.Backend, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    code, err = await _finish(await _start("--", "touch", str(marker), url=url))
+    assert code == 2, err
+    assert "KEY" in err and not marker.exists()
+    assert await backend.get_lease("touch") is None
+    # A stray word between KEY and "--" is refused too, not run.
+    code, err = await _finish(await _start("job", "touch", "--", "touch", str(marker), url=url))
+    assert code == 2 and "only options and KEY" in err, err
+    assert not marker.exists()
