@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+import tenure
 from tenure.cli import main
 from tenure.demo._evidence import (
     COORDINATOR,
@@ -204,6 +205,24 @@ def test_each_command_help_lists_its_exit_statuses(
 ) -> None:
     statuses = _help(args, capsys).split("exit status:")[1]
     assert {line.split()[0] for line in statuses.splitlines() if line[:4].strip()} == codes
+
+
+def test_every_command_takes_its_options_after_its_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only ``run`` takes a command's words; the others parse options wherever they stand."""
+    url = f"sqlite:///{tmp_path / 'leases.db'}"
+
+    async def grant() -> int | None:
+        async with tenure.from_url(url) as backend:
+            return (await backend.acquire_lease("job", "alice", 60_000)).token
+
+    token = asyncio.run(grant())
+    assert main(["leases", "get", "job", "--url", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["owner"] == "alice"
+    assert main(["leases", "revoke", "job", "--url", url, "--token", str(token)]) == 0
+    assert main(["leases", "get", "job", "--url", url]) == 1
+    assert main(["threads", "--json", "--url", url, "--namespace", "nothing.here"]) == 0
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
