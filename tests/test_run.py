@@ -443,3 +443,17 @@ async def test_a_forgotten_key_is_a_usage_error_not_a_lease_on_the_command(
     code, err = await _finish(await _start("job", "touch", "--", "touch", str(marker), url=url))
     assert code == 2 and "only options and KEY" in err, err
     assert not marker.exists()
+
+
+@pytest.mark.asyncio
+async def test_the_command_starts_with_default_signal_dispositions(tmp_path: Path) -> None:
+    """Python ignores SIGPIPE and SIGXFSZ at start-up, and an ignored signal stays
+    ignored across exec: the command would not die of a closed pipe as it should."""
+    url = f"sqlite:///{tmp_path / 'tenure.db'}"
+    code, out = await _finish(
+        await _start("job", "--", "grep", "SigIgn", "/proc/self/status", url=url)
+    )
+    assert code == 0, out
+    ignored = int(out.split()[-1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)), out
+    assert not ignored & (1 << (signal.SIGXFSZ - 1)), out
