@@ -457,3 +457,35 @@ async def test_the_command_starts_with_default_signal_dispositions(tmp_path: Pat
     ignored = int(out.split()[-1], 16)
     assert not ignored & (1 << (signal.SIGPIPE - 1)), out
     assert not ignored & (1 << (signal.SIGXFSZ - 1)), out
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.asyncio
+async def test_a_killed_keeper_leaves_tenure_run_to_end_the_group(tmp_path: Path) -> None:
+    """The keeper between tenure run and the command is SIGKILLed alone: tenure
+    run must not release the lease while the command's group runs on."""
+    url = f"sqlite:///{tmp_path / 'tenure.db'}"
+    pid_file = tmp_path / "pid"
+    work = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+    script = f'{sys.executable} -c "{work}" {pid_file} >/dev/null 2>&1; echo done'
+    proc = await _start("--grace", "5", "job", "--", "sh", "-c", script, url=url)
+    await _until(lambda: _pid(pid_file) is not None)
+    [keeper] = _children(proc.pid)
+    os.kill(keeper, signal.SIGKILL)
+    code, err = await _finish(proc)
+    assert code == 128 + signal.SIGKILL, err
+    assert "keeper died" in err
+    pid = _pid(pid_file)
+    assert pid is not None and _dead(pid)

@@ -1,6 +1,6 @@
 """The keeper of ``tenure run``'s command: a small process between the two.
 
-``tenure run`` starts this file (``python -I -S _keeper.py CONTROL GRACE CMD...``)
+``tenure run`` starts this file (``python -I -S _keeper.py CONTROL NEWS GRACE CMD...``)
 instead of the command. It starts the command in a process group of its own
 and owns that group until every member is gone:
 
@@ -11,6 +11,8 @@ and owns that group until every member is gone:
   group is SIGKILLed at once: nobody renews the lease any more;
 - when the command exits, what it left running in its group gets SIGTERM, and
   SIGKILL ``GRACE`` seconds later: nothing of a run outlives its lease;
+- it writes the group's id to the NEWS pipe, so that ``tenure run`` can end
+  the group should this keeper be killed;
 - on Linux it is a child subreaper, so the group's orphans become its children
   and are reaped here, and "the group is empty" is known, not guessed.
 
@@ -127,8 +129,9 @@ def _control(group: _Group, data: bytes) -> None:
 
 
 def main(argv: list[str]) -> int:
-    control, grace, command = int(argv[0]), float(argv[1]), argv[2:]
+    control, news, grace, command = int(argv[0]), int(argv[1]), float(argv[2]), argv[3:]
     os.set_inheritable(control, False)
+    os.set_inheritable(news, False)
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
     wake_r, wake_w = os.pipe()
@@ -142,6 +145,11 @@ def main(argv: list[str]) -> int:
         os.setpgid(pid, pid)  # also here, so no signal finds the group missing
     except OSError:
         pass  # the child has set it already, or has exec'd
+    try:
+        os.write(news, f"{pid}\n".encode())
+    except OSError:
+        pass  # tenure run is gone: the control pipe says so next
+    os.close(news)
     group = _Group(pid, grace)
     watched = [control, wake_r]
     while True:

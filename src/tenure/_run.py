@@ -15,7 +15,8 @@ way before the lease is released. SIGINT, SIGTERM and SIGHUP sent to
 ``tenure run`` are passed on to the group. If ``tenure run`` itself dies
 (SIGKILL, OOM), the keeper SIGKILLs the group at once: without its supervisor
 nobody would renew the lease, and another run could start while this one went
-on. A process that leaves the group (``setsid``, a daemon) escapes all this.
+on; if the keeper alone is killed, ``tenure run`` SIGKILLs the group itself.
+A process that leaves the group (``setsid``, a daemon) escapes all this.
 
 Exit status: the command's own (``128 + N`` when signal N ended it); 73 when
 the key is held by someone else (at once, or after ``--wait`` seconds); 75
@@ -30,6 +31,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,20 +120,26 @@ async def _run(settings: RunSettings) -> int:
         return EXIT_UNAVAILABLE
 
 
-async def _supervise(settings: RunSettings, lease: HeldLease) -> int:
+def _environment(lease: HeldLease) -> dict[str, str]:
     env = dict(os.environ)
     env["TENURE_LEASE_KEY"] = lease.key
     env["TENURE_LEASE_OWNER"] = lease.owner
     env["TENURE_FENCING_TOKEN"] = "" if lease.token is None else str(lease.token)
+    return env
+
+
+async def _supervise(settings: RunSettings, lease: HeldLease) -> int:
     # The keeper reads what to do from this pipe, and end-of-file when this
-    # process dies, however it dies. Only the keeper holds its read end.
+    # process dies, however it dies. Only the keeper holds its read end. On the
+    # other pipe it tells the command's process group, read only if it dies.
     control, orders = os.pipe()
+    news, told = os.pipe()
 
     def order(word: str) -> None:
         try:
             os.write(orders, f"{word}\n".encode())
         except OSError:
-            pass  # the keeper is gone, and the group with it
+            pass  # the keeper is gone; _ended sees to its group
 
     # The handlers go in before the command starts: a signal that arrives while
     # it is being started waits in the pipe and is passed on once it has
@@ -140,13 +148,19 @@ async def _supervise(settings: RunSettings, lease: HeldLease) -> int:
     for sig in _FORWARDED:
         loop.add_signal_handler(sig, order, str(int(sig)))
     try:
-        keeper = [sys.executable, "-I", "-S", _KEEPER, str(control), repr(settings.grace)]
+        keeper = [sys.executable, "-I", "-S", _KEEPER, str(control), str(told)]
         try:
             proc = await asyncio.create_subprocess_exec(
-                *keeper, *settings.command, env=env, start_new_session=True, pass_fds=(control,)
+                *keeper,
+                repr(settings.grace),
+                *settings.command,
+                env=_environment(lease),
+                start_new_session=True,
+                pass_fds=(control, told),
             )
         finally:
             os.close(control)
+            os.close(told)
         exited = asyncio.ensure_future(proc.wait())
         lost = asyncio.ensure_future(lease.lost.wait())
         # The renewer notices a loss on its own schedule; a look at the clock
@@ -160,13 +174,40 @@ async def _supervise(settings: RunSettings, lease: HeldLease) -> int:
                         f"lost the lease on {lease.key!r} ({lease.lost_reason}); stopping the command"
                     )
                     order("stop")
-                    await exited  # the keeper exits once the whole group is gone
+                    await _ended(exited, news, settings.grace)
                     return EXIT_LOST
         finally:
             lost.cancel()
-        code = exited.result()
+        code = await _ended(exited, news, settings.grace)
         return code if code >= 0 else 128 - code
     finally:
         for sig in _FORWARDED:
             loop.remove_signal_handler(sig)
         os.close(orders)
+        os.close(news)
+
+
+async def _ended(exited: asyncio.Future[int], news: int, grace: float) -> int:
+    """The keeper's exit status, once it and the command's group are gone.
+
+    The keeper exits only once the group is empty, unless it was killed itself:
+    then the group it owned is SIGKILLed here, and waited for up to ``grace``.
+    """
+    code = await exited
+    told = os.read(news, 32).split()  # the keeper is gone: no wait
+    if code >= 0 or not told:
+        return code
+    pgid = int(told[0])
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return code
+    _say(f"the keeper died of signal {-code}: SIGKILL to the command's group")
+    give_up = time.monotonic() + grace
+    while time.monotonic() < give_up:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.05)
+    return code
