@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+import tenure
 from tenure.cli import main
 from tenure.demo._evidence import (
     COORDINATOR,
@@ -171,6 +172,57 @@ def test_demo_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     for option in ("--workers", "--threads", "--signals", "--seed", "--url", "--ttl-ms"):
         assert option in out
+
+
+def _help(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--help"])
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_run_help_lists_every_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    statuses = _help(["run"], capsys).split("exit status:")[1]
+    codes = {line.split()[0] for line in statuses.splitlines() if line.strip()}
+    assert {"2", "69", "73", "75", "126", "127"} <= codes
+    assert "128+N" in statuses and "unknown scheme" in statuses
+
+
+@pytest.mark.parametrize(
+    ("args", "codes"),
+    [
+        (["threads"], {"0", "2", "69"}),
+        (["watch"], {"0", "2", "69"}),
+        (["doctor"], {"0", "1", "2", "69"}),
+        (["leases", "list"], {"0", "2", "69"}),
+        (["leases", "get"], {"0", "1", "2", "69"}),
+        (["leases", "revoke"], {"0", "1", "2", "69"}),
+        (["demo"], {"0", "1", "2"}),
+    ],
+)
+def test_each_command_help_lists_its_exit_statuses(
+    args: list[str], codes: set[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    statuses = _help(args, capsys).split("exit status:")[1]
+    assert {line.split()[0] for line in statuses.splitlines() if line[:4].strip()} == codes
+
+
+def test_every_command_takes_its_options_after_its_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only ``run`` takes a command's words; the others parse options wherever they stand."""
+    url = f"sqlite:///{tmp_path / 'leases.db'}"
+
+    async def grant() -> int | None:
+        async with tenure.from_url(url) as backend:
+            return (await backend.acquire_lease("job", "alice", 60_000)).token
+
+    token = asyncio.run(grant())
+    assert main(["leases", "get", "job", "--url", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["owner"] == "alice"
+    assert main(["leases", "revoke", "job", "--url", url, "--token", str(token)]) == 0
+    assert main(["leases", "get", "job", "--url", url]) == 1
+    assert main(["threads", "--json", "--url", url, "--namespace", "nothing.here"]) == 0
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,11 +26,15 @@ SRC = str(Path(__file__).resolve().parent.parent / "src")
 
 
 def _cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    return _tenure("leases", *args, url=url)
+
+
+def _tenure(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
     env["TENURE_URL"] = url
     return subprocess.run(
-        [sys.executable, "-m", "tenure", "leases", *args],
+        [sys.executable, "-m", "tenure", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -88,6 +92,22 @@ async def test_the_cli_lists_shows_and_revokes(shared_url: str) -> None:
         assert not await backend.renew_lease("thread/1", "w1", 60_000)
         again = await asyncio.to_thread(_cli, "revoke", "thread/1", url=shared_url)
         assert again.returncode == 1
+
+
+def test_every_listing_shows_nothing_as_an_empty_table(shared_url: str, unique: str) -> None:
+    """A fresh install, an idle runtime, an empty namespace, ``memory://``: a
+    header and a count of 0, never a traceback."""
+    for url in (shared_url, "memory://"):
+        threads = _tenure("threads", "--namespace", f"{unique}.none", url=url)
+        assert threads.returncode == 0, threads.stderr
+        assert threads.stdout.splitlines() == [
+            "THREAD  OWNER  TOKEN  TTL  PENDING",
+            f"(0 threads in '{unique}.none')",
+        ]
+        assert _tenure("threads", "--json", "--namespace", f"{unique}.none", url=url).stdout == ""
+        listed = _cli("list", "--prefix", f"{unique}/", url=url)
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.splitlines() == ["KEY  OWNER  TOKEN  TTL", "(0 leases)"]
 
 
 def test_an_unreachable_backend_exits_69_without_its_password() -> None:

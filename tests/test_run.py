@@ -336,3 +336,156 @@ async def test_a_sigterm_while_the_command_starts_is_passed_on_once_it_started(
     assert code in (0, 128 + signal.SIGTERM), (code, err)
     async with tenure.from_url(url) as backend:
         assert await backend.get_lease("job") is None
+
+
+# A worker that ignores SIGTERM, writes its pid, and runs on.
+STUBBORN = (
+    "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+)
+
+
+def _pid(path: Path) -> int | None:
+    text = path.read_text() if path.exists() else ""
+    return int(text) if text else None
+
+
+@pytest.mark.asyncio
+async def test_a_lost_lease_kills_the_whole_group_even_when_its_shell_dies_at_once(
+    url: str, backend: tenure.Backend, tmp_path: Path
+) -> None:
+    """``sh`` dies of the SIGTERM at once; the worker it started ignores it. The
+    worker must be SIGKILLed after the grace, and be gone when ``tenure run`` exits."""
+    pid_file = tmp_path / "pid"
+    script = f'{sys.executable} -c "{STUBBORN}" {pid_file} >/dev/null 2>&1 & wait'
+    proc = await _start("--grace", "1", "job", "--", "sh", "-c", script, url=url)
+    await _until(lambda: _pid(pid_file) is not None)
+    assert await backend.revoke_lease("job")
+    code, err = await _finish(proc)
+    assert code == EXIT_LOST, err
+    assert "SIGKILL" in err
+    pid = _pid(pid_file)
+    assert pid is not None and _dead(pid)
+
+
+@pytest.mark.asyncio
+async def test_what_the_command_leaves_in_its_group_is_stopped_before_the_release(
+    url: str, backend: tenure.Backend, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pid"
+    script = (
+        f'{sys.executable} -c "{STUBBORN}" {pid_file} >/dev/null 2>&1 & '
+        f"while [ ! -s {pid_file} ]; do sleep 0.05; done; exit 3"
+    )
+    code, err = await _finish(
+        await _start("--grace", "0.5", "job", "--", "sh", "-c", script, url=url)
+    )
+    assert code == 3, err
+    pid = _pid(pid_file)
+    assert pid is not None and _dead(pid)
+    assert "left processes in its group" in err
+    assert await backend.get_lease("job") is None
+
+
+@pytest.mark.asyncio
+async def test_a_killed_supervisor_takes_the_commands_whole_group_along(
+    url: str, backend: tenure.Backend, tmp_path: Path
+) -> None:
+    """``sh -c 'python work.py; echo done'``: ``work.py`` is not the direct child,
+    and must die with ``tenure run`` all the same."""
+    pid_file = tmp_path / "pid"
+    work = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+    # Its output goes elsewhere: a pipe held open would keep the wait for the
+    # killed supervisor going until work.py ended on its own.
+    script = f'{sys.executable} -c "{work}" {pid_file} >/dev/null 2>&1; echo done'
+    proc = await _start("job", "--", "sh", "-c", script, url=url)
+    await _until(lambda: _pid(pid_file) is not None)
+    proc.kill()
+    await proc.wait()
+    pid = _pid(pid_file)
+    assert pid is not None
+    await _until(lambda: _dead(pid), timeout=10)
+
+
+@pytest.mark.asyncio
+async def test_options_after_the_key_are_tenures_when_a_double_dash_follows(
+    url: str, backend: tenure.Backend, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    proc = await _start(
+        *("job", "--url", url, "--ttl-ms", "2000", "--owner", "me", "--"),
+        *(sys.executable, "-c", COMMAND, str(out), "sleep"),
+        url=None,
+    )
+    await _until(lambda: "started" in _record(out))
+    record = await backend.get_lease("job")
+    assert record is not None and record.owner == "me" and record.ttl_ms <= 2000
+    proc.send_signal(signal.SIGTERM)
+    code, err = await _finish(proc)
+    assert code == 0, err
+    # Without "--", the command starts at the word after KEY, as documented.
+    code, err = await _finish(
+        await _start("job", sys.executable, "-c", COMMAND, str(out), "5", url=url)
+    )
+    assert code == 5, err
+
+
+@pytest.mark.asyncio
+async def test_a_forgotten_key_is_a_usage_error_not_a_lease_on_the_command(
+    url: str, backend: tenure.Backend, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    code, err = await _finish(await _start("--", "touch", str(marker), url=url))
+    assert code == 2, err
+    assert "KEY" in err and not marker.exists()
+    assert await backend.get_lease("touch") is None
+    # A stray word between KEY and "--" is refused too, not run.
+    code, err = await _finish(await _start("job", "touch", "--", "touch", str(marker), url=url))
+    assert code == 2 and "only options and KEY" in err, err
+    assert not marker.exists()
+
+
+@pytest.mark.asyncio
+async def test_the_command_starts_with_default_signal_dispositions(tmp_path: Path) -> None:
+    """Python ignores SIGPIPE and SIGXFSZ at start-up, and an ignored signal stays
+    ignored across exec: the command would not die of a closed pipe as it should."""
+    url = f"sqlite:///{tmp_path / 'tenure.db'}"
+    code, out = await _finish(
+        await _start("job", "--", "grep", "SigIgn", "/proc/self/status", url=url)
+    )
+    assert code == 0, out
+    ignored = int(out.split()[-1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)), out
+    assert not ignored & (1 << (signal.SIGXFSZ - 1)), out
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.asyncio
+async def test_a_killed_keeper_leaves_tenure_run_to_end_the_group(tmp_path: Path) -> None:
+    """The keeper between tenure run and the command is SIGKILLed alone: tenure
+    run must not release the lease while the command's group runs on."""
+    url = f"sqlite:///{tmp_path / 'tenure.db'}"
+    pid_file = tmp_path / "pid"
+    work = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+    script = f'{sys.executable} -c "{work}" {pid_file} >/dev/null 2>&1; echo done'
+    proc = await _start("--grace", "5", "job", "--", "sh", "-c", script, url=url)
+    await _until(lambda: _pid(pid_file) is not None)
+    [keeper] = _children(proc.pid)
+    os.kill(keeper, signal.SIGKILL)
+    code, err = await _finish(proc)
+    assert code == 128 + signal.SIGKILL, err
+    assert "keeper died" in err
+    pid = _pid(pid_file)
+    assert pid is not None and _dead(pid)

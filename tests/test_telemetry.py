@@ -220,3 +220,52 @@ async def test_a_run_cancelled_by_aclose_ends_its_span_cancelled() -> None:
         if s.name == "tenure run" and s.attributes and s.attributes["tenure.run_id"] == run.run_id
     ]
     assert span.attributes is not None and span.attributes["tenure.run.end"] == "cancelled"
+
+
+def _histogram(name: str) -> Any:
+    """The one data point of histogram ``name`` (tenure's calls here carry no attributes
+    that differ), as the SDK's exporter hands it over."""
+    data = _READER.get_metrics_data()
+    for resource in data.resource_metrics if data is not None else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    return metric.data.data_points
+    return []
+
+
+def _buckets_hit(before: list[int], after: list[int]) -> list[int]:
+    return [i for i, (b, a) in enumerate(zip(before, after, strict=True)) if a > b]
+
+
+@pytest.mark.asyncio
+async def test_histograms_have_buckets_that_tell_subsecond_durations_apart() -> None:
+    """The SDK's default bounds (0, 5, 10, 25, ...) put every sub-second duration in
+    one bucket; tenure's advice splits milliseconds for calls and seconds for hand-offs."""
+    backend: Any
+    async with tenure.from_url("memory://") as raw:
+        backend = instrument(raw)
+        for _ in range(20):
+            await backend.acquire_lease("job", "alice", 5000)
+    for point in _histogram("tenure.lease.operation.duration"):
+        bounds = list(point.explicit_bounds)
+        assert bounds[0] <= 0.001 and bounds[-1] >= 5 and len(bounds) >= 10
+        # A memory call takes well under a second: it lands in a bucket whose upper bound is too.
+        hit = [i for i, n in enumerate(point.bucket_counts) if n]
+        assert hit and all(i < len(bounds) and bounds[i] < 1 for i in hit), (bounds, hit)
+
+    def handoffs() -> list[int]:
+        points = list(_histogram("tenure.lease.handoff.duration"))
+        return list(points[0].bucket_counts) if points else [0] * 17
+
+    before = handoffs()
+    async with tenure.from_url("memory://") as backend:
+        await backend.acquire_lease("job", "alice", 60_000)
+        waiter = asyncio.create_task(tenure.acquire_wait(backend, "job", "bob", 5000, timeout=30))
+        await eventually(lambda: backend._waiters.parked("job") == 1)
+        await asyncio.sleep(0.3)  # a hand-off of at least 0.3 s
+        await backend.release_lease("job", "alice")
+        assert (await waiter).acquired
+    bounds = list(_histogram("tenure.lease.handoff.duration")[0].explicit_bounds)
+    [bucket] = _buckets_hit(before, handoffs())
+    assert bucket > 0 and bounds[bucket - 1] >= 0.25, (bounds, bucket)  # not in (0, 5]

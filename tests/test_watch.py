@@ -182,3 +182,35 @@ async def test_on_a_terminal_the_leases_show_as_a_live_table(tmp_path: Path) -> 
     assert "KEY" in text and "OWNER" in text and "1 live leases" in text  # the table
     assert "[bold]job[/bold]" in text  # shown as written, not as markup
     assert "granted" in text
+
+
+@pytest.mark.asyncio
+async def test_piped_keys_and_owners_with_control_characters_are_escaped(tmp_path: Path) -> None:
+    """A key or owner holding an escape sequence must not reach an operator's
+    terminal raw: shown escaped, as ``tenure leases list`` shows it."""
+    url = f"sqlite:///{tmp_path / 'leases.db'}"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
+    key, owner = "job\x1b[2J", "mallory\x1b]0;pwned\x07"
+    async with tenure.from_url(url) as backend:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "tenure", "watch", "--url", url, "--interval", "0.1", "--count", "2"),
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        try:
+            assert "watching" in await _next_line(proc.stdout)
+            assert "live lease" in await _next_line(proc.stdout)
+            assert (await backend.acquire_lease(key, owner, 300)).acquired
+            out = await asyncio.wait_for(proc.stdout.read(), 30)  # granted, then stalled or expired
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    text = out.decode()
+    assert "\x1b" not in text and "\x07" not in text
+    assert "job\\x1b[2J" in text and "mallory\\x1b]0;pwned\\x07" in text
+    assert "granted" in text

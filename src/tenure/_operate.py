@@ -15,18 +15,22 @@ import asyncio
 import dataclasses
 import json
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TextIO
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ._contract import Capability, LeaseRecord, capabilities_of
 from ._errors import BackendUnavailable, ConfigurationError, InvalidArgument
 from ._url import default_url, from_url
 from ._url_options import redact_url
 
+if TYPE_CHECKING:
+    from .runtime._status import ThreadStatus
+
 __all__ = ["EXIT_UNAVAILABLE", "get", "listing", "revoke", "threads"]
 
 EXIT_UNAVAILABLE = 69
 _COLUMNS = ("KEY", "OWNER", "TOKEN", "TTL")
+_THREAD_COLUMNS = ("THREAD", "OWNER", "TOKEN", "TTL", "PENDING")
 
 
 def _shown(name: str) -> str:
@@ -66,9 +70,13 @@ def _operate(url: str | None, work: Callable[[Any], Awaitable[int]]) -> int:
         return _fail(f"{exc} (backend {redact_url(where)})")
 
 
-async def _print_table(pairs: AsyncIterator[tuple[str, LeaseRecord]], out: TextIO) -> int:
-    """Aligned columns; widths from the first 100 rows, so a long listing streams."""
-    widths = [len(c) for c in _COLUMNS]
+async def _print_table(
+    header: tuple[str, ...], rows: AsyncIterator[tuple[str, ...]], out: TextIO
+) -> int:
+    """Aligned columns under ``header``, nothing but the header when there are no
+    rows; widths from the first 100 rows, so a long listing streams. Returns the
+    number of rows."""
+    widths = [len(c) for c in header]
     first: list[tuple[str, ...]] | None = []
     count = 0
 
@@ -76,14 +84,13 @@ async def _print_table(pairs: AsyncIterator[tuple[str, LeaseRecord]], out: TextI
         print("  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip(), file=out)
 
     def head(rows: list[tuple[str, ...]]) -> None:
-        for i, w in enumerate(widths):
-            widths[i] = max(w, *(len(r[i]) for r in rows)) if rows else w
-        line(_COLUMNS)
+        for row in rows:
+            widths[:] = [max(w, len(v)) for w, v in zip(widths, row, strict=True)]
+        line(header)
         for row in rows:
             line(row)
 
-    async for key, record in pairs:
-        row = (_shown(key), _shown(record.owner), str(record.token), _ttl(record.ttl_ms))
+    async for row in rows:
         count += 1
         if first is None:
             line(row)
@@ -94,6 +101,18 @@ async def _print_table(pairs: AsyncIterator[tuple[str, LeaseRecord]], out: TextI
             first = None
     if first is not None:
         head(first)
+    return count
+
+
+async def _lease_rows(
+    pairs: AsyncIterator[tuple[str, LeaseRecord]],
+) -> AsyncIterator[tuple[str, ...]]:
+    async for key, record in pairs:
+        yield (_shown(key), _shown(record.owner), str(record.token), _ttl(record.ttl_ms))
+
+
+async def _print_leases(pairs: AsyncIterator[tuple[str, LeaseRecord]], out: TextIO) -> int:
+    count = await _print_table(_COLUMNS, _lease_rows(pairs), out)
     print(f"({count} lease{'' if count == 1 else 's'})", file=out)
     return 0
 
@@ -111,7 +130,7 @@ def listing(url: str | None, prefix: str, limit: int | None, as_json: bool) -> i
             async for key, record in pairs:
                 print(_as_json(key, record))
             return 0
-        return await _print_table(pairs, sys.stdout)
+        return await _print_leases(pairs, sys.stdout)
 
     return _operate(url, work)
 
@@ -127,7 +146,7 @@ def get(url: str | None, key: str, as_json: bool) -> int:
         if as_json:
             print(_as_json(key, record))
             return 0
-        return await _print_table(_one(key, record), sys.stdout)
+        return await _print_leases(_one(key, record), sys.stdout)
 
     return _operate(url, work)
 
@@ -146,6 +165,17 @@ def revoke(url: str | None, key: str, token: int | None) -> int:
     return _operate(url, work)
 
 
+async def _thread_rows(found: Iterable[ThreadStatus]) -> AsyncIterator[tuple[str, ...]]:
+    for s in found:
+        yield (
+            _shown(s.thread_key),
+            "-" if s.owner is None else _shown(s.owner),
+            "-" if s.token is None else str(s.token),
+            "-" if s.ttl_ms is None else _ttl(s.ttl_ms),
+            "yes" if s.pending else "no",
+        )
+
+
 def threads(url: str | None, namespace: str, as_json: bool) -> int:
     """``tenure threads``: the namespace's threads with a run or unfinished signals."""
     from .runtime._names import ThreadNames
@@ -157,21 +187,8 @@ def threads(url: str | None, namespace: str, as_json: bool) -> int:
             for status in found:
                 print(json.dumps(dataclasses.asdict(status), ensure_ascii=False))
             return 0
-        header = ("THREAD", "OWNER", "TOKEN", "TTL", "PENDING")
-        rows = [
-            (
-                _shown(s.thread_key),
-                "-" if s.owner is None else _shown(s.owner),
-                "-" if s.token is None else str(s.token),
-                "-" if s.ttl_ms is None else _ttl(s.ttl_ms),
-                "yes" if s.pending else "no",
-            )
-            for s in found
-        ]
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-        for row in (header, *rows):
-            print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-        print(f"({len(rows)} thread{'' if len(rows) == 1 else 's'} in {namespace!r})")
+        count = await _print_table(_THREAD_COLUMNS, _thread_rows(found), sys.stdout)
+        print(f"({count} thread{'' if count == 1 else 's'} in {namespace!r})")
         return 0
 
     return _operate(url, work)

@@ -5,14 +5,18 @@ renewer. The command gets ``TENURE_LEASE_KEY``, ``TENURE_LEASE_OWNER`` and
 ``TENURE_FENCING_TOKEN`` in its environment; it should hand the token to every
 store it writes to, so that a write from a run that lost its lease is refused.
 
-The command runs in a process group of its own. When the lease is lost (a
-renewal refused, failed or late, or this process paused past the renew
-deadline), the group gets SIGTERM, then SIGKILL after ``grace`` seconds, and
-``tenure run`` exits 75. SIGINT, SIGTERM and SIGHUP sent to ``tenure run`` are
-passed on to the group. The lease is released once the command has exited.
-On Linux the command is also killed if ``tenure run`` itself dies (SIGKILL,
-OOM): without its supervisor nobody would renew the lease, and another run
-could start while this one went on.
+The command runs in a process group of its own, owned by a keeper process
+(``_keeper.py``) that stays between ``tenure run`` and the command. When the
+lease is lost (a renewal refused, failed or late, or this process paused past
+the renew deadline), the group gets SIGTERM, then SIGKILL after ``grace``
+seconds, and ``tenure run`` exits 75 once every member of the group is gone.
+When the command exits, what it left running in its group is stopped the same
+way before the lease is released. SIGINT, SIGTERM and SIGHUP sent to
+``tenure run`` are passed on to the group. If ``tenure run`` itself dies
+(SIGKILL, OOM), the keeper SIGKILLs the group at once: without its supervisor
+nobody would renew the lease, and another run could start while this one went
+on; if the keeper alone is killed, ``tenure run`` SIGKILLs the group itself.
+A process that leaves the group (``setsid``, a daemon) escapes all this.
 
 Exit status: the command's own (``128 + N`` when signal N ended it); 73 when
 the key is held by someone else (at once, or after ``--wait`` seconds); 75
@@ -27,8 +31,10 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from ._errors import BackendUnavailable, ConfigurationError, InvalidArgument, LeaseUnavailable
 from ._hold import HeldLease, hold
@@ -42,24 +48,10 @@ EXIT_BUSY = 73  # EX_CANTCREAT
 EXIT_LOST = 75  # EX_TEMPFAIL
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-# Started in place of the command on Linux: asks the kernel to SIGKILL it when
-# its parent (this process) dies, checks that the parent is still the one that
-# started it, then becomes the command. (A preexec_fn is not safe here: the
-# backends may run threads.)
-_SHIM = """\
-import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-if os.getppid() != int(sys.argv[1]):
-    os._exit(1)
-try:
-    os.execvp(sys.argv[2], sys.argv[2:])
-except FileNotFoundError:
-    sys.stderr.write(f"tenure run: command not found: {sys.argv[2]!r}\\n")
-    os._exit(127)
-except OSError as exc:
-    sys.stderr.write(f"tenure run: cannot run {sys.argv[2]!r}: {exc.strerror or exc}\\n")
-    os._exit(126)
-"""
+# Started in place of the command: it owns the command's process group (see
+# its docstring). Run by path with -I -S, so nothing from the environment or
+# site-packages comes between.
+_KEEPER = str(Path(__file__).with_name("_keeper.py"))
 
 
 @dataclass(frozen=True)
@@ -77,13 +69,6 @@ class RunSettings:
 
 def _say(message: str) -> None:
     print(f"tenure run: {message}", file=sys.stderr, flush=True)
-
-
-def _signal_group(proc: asyncio.subprocess.Process, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass  # already gone
 
 
 def run_command(settings: RunSettings) -> int:
@@ -136,42 +121,47 @@ async def _run(settings: RunSettings) -> int:
         return EXIT_UNAVAILABLE
 
 
-async def _supervise(settings: RunSettings, lease: HeldLease) -> int:
+def _environment(lease: HeldLease) -> dict[str, str]:
     env = dict(os.environ)
     env["TENURE_LEASE_KEY"] = lease.key
     env["TENURE_LEASE_OWNER"] = lease.owner
     env["TENURE_FENCING_TOKEN"] = "" if lease.token is None else str(lease.token)
-    argv = list(settings.command)
-    if sys.platform == "linux":
-        argv = [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), *argv]
+    return env
+
+
+async def _supervise(settings: RunSettings, lease: HeldLease) -> int:
+    # The keeper reads what to do from this pipe, and end-of-file when this
+    # process dies, however it dies. Only the keeper holds its read end. On the
+    # other pipe it tells the command's process group, read only if it dies.
+    control, orders = os.pipe()
+    news, told = os.pipe()
+
+    def order(word: str) -> None:
+        try:
+            os.write(orders, f"{word}\n".encode())
+        except OSError:
+            pass  # the keeper is gone; _ended sees to its group
+
     # The handlers go in before the command starts: a signal that arrives while
-    # it is being started (the command may already be running and telling others
-    # so) is kept and passed on once it has started, instead of ending this
-    # process with the command left behind.
-    started: list[asyncio.subprocess.Process] = []
-    early: list[int] = []
-
-    def forward(sig: int) -> None:
-        if started:
-            _signal_group(started[0], sig)
-        else:
-            early.append(sig)
-
+    # it is being started waits in the pipe and is passed on once it has
+    # started, instead of ending this process with the command left behind.
     loop = asyncio.get_running_loop()
     for sig in _FORWARDED:
-        loop.add_signal_handler(sig, forward, sig)
+        loop.add_signal_handler(sig, order, str(int(sig)))
     try:
+        keeper = [sys.executable, "-I", "-S", _KEEPER, str(control), str(told)]
         try:
-            proc = await asyncio.create_subprocess_exec(*argv, env=env, start_new_session=True)
-        except FileNotFoundError:
-            _say(f"command not found: {settings.command[0]!r}")
-            return 127
-        except OSError as exc:
-            _say(f"cannot run {settings.command[0]!r}: {exc.strerror or exc}")
-            return 126
-        started.append(proc)
-        for early_sig in early:
-            _signal_group(proc, early_sig)
+            proc = await asyncio.create_subprocess_exec(
+                *keeper,
+                repr(settings.grace),
+                *settings.command,
+                env=_environment(lease),
+                start_new_session=True,
+                pass_fds=(control, told),
+            )
+        finally:
+            os.close(control)
+            os.close(told)
         exited = asyncio.ensure_future(proc.wait())
         lost = asyncio.ensure_future(lease.lost.wait())
         # The renewer notices a loss on its own schedule; a look at the clock
@@ -181,28 +171,44 @@ async def _supervise(settings: RunSettings, lease: HeldLease) -> int:
             while not exited.done():
                 await asyncio.wait({exited, lost}, timeout=tick, return_when="FIRST_COMPLETED")
                 if not exited.done() and not lease.held:
-                    return await _stop(settings, lease, proc, exited)
+                    _say(
+                        f"lost the lease on {lease.key!r} ({lease.lost_reason}); stopping the command"
+                    )
+                    order("stop")
+                    await _ended(exited, news, settings.grace)
+                    return EXIT_LOST
         finally:
             lost.cancel()
-        code = exited.result()
+        code = await _ended(exited, news, settings.grace)
         return code if code >= 0 else 128 - code
     finally:
         for sig in _FORWARDED:
             loop.remove_signal_handler(sig)
+        os.close(orders)
+        os.close(news)
 
 
-async def _stop(
-    settings: RunSettings,
-    lease: HeldLease,
-    proc: asyncio.subprocess.Process,
-    exited: asyncio.Future[int],
-) -> int:
-    _say(f"lost the lease on {lease.key!r} ({lease.lost_reason}); stopping the command")
-    _signal_group(proc, signal.SIGTERM)
+async def _ended(exited: asyncio.Future[int], news: int, grace: float) -> int:
+    """The keeper's exit status, once it and the command's group are gone.
+
+    The keeper exits only once the group is empty, unless it was killed itself:
+    then the group it owned is SIGKILLed here, and waited for up to ``grace``.
+    """
+    code = await exited
+    told = os.read(news, 32).split()  # the keeper is gone: no wait
+    if code >= 0 or not told:
+        return code
+    pgid = int(told[0])
     try:
-        await asyncio.wait_for(asyncio.shield(exited), settings.grace)
-    except TimeoutError:
-        _say(f"the command did not stop within {settings.grace:g} s of SIGTERM; SIGKILL")
-        _signal_group(proc, signal.SIGKILL)
-        await exited
-    return EXIT_LOST
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return code
+    _say(f"the keeper died of signal {-code}: SIGKILL to the command's group")
+    give_up = time.monotonic() + grace
+    while time.monotonic() < give_up:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.05)
+    return code

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ._contract import Capability, LeaseRecord, capabilities_of
 from ._errors import BackendUnavailable, ConfigurationError, InvalidArgument
+from ._operate import _shown
 from ._url import default_url, from_url
 from ._url_options import redact_url
 
@@ -62,22 +63,25 @@ def changes(
     """
     done = at if done is None else done
     found: list[Change] = []
+    who = _shown  # owners go into the texts as a terminal may show them
     after: dict[str, Seen] = {}
     for key, record in now.items():
         old = before.get(key)
         if old is None:
             found.append(
-                Change("granted", key, f"granted to {record.owner} (token {record.token})")
+                Change("granted", key, f"granted to {who(record.owner)} (token {record.token})")
             )
             after[key] = Seen(record, at, record.ttl_ms)
             continue
         prev = old.record
         if record.token != prev.token:
             if record.owner != prev.owner and _was_live(old, done):
-                text = f"transferred {prev.owner} -> {record.owner} (token {record.token})"
+                text = (
+                    f"transferred {who(prev.owner)} -> {who(record.owner)} (token {record.token})"
+                )
                 found.append(Change("transferred", key, text))
             else:
-                text = f"granted again to {record.owner} (token {record.token}, was {prev.owner})"
+                text = f"granted again to {who(record.owner)} (token {record.token}, was {who(prev.owner)})"
                 found.append(Change("regranted", key, text))
             after[key] = Seen(record, at, record.ttl_ms)
             continue
@@ -85,7 +89,7 @@ def changes(
         renewed = record.ttl_ms > prev.ttl_ms - (at - old.at) * 1000 + _SLACK_MS
         stalled = old.stalled and not renewed
         if not renewed and not old.stalled and record.ttl_ms < longest / 3:
-            text = f"not renewed: {record.owner} has {record.ttl_ms} ms left"
+            text = f"not renewed: {who(record.owner)} has {record.ttl_ms} ms left"
             found.append(Change("stalled", key, text))
             stalled = True
         after[key] = Seen(record, at, longest, stalled)
@@ -93,10 +97,10 @@ def changes(
         if key in now:
             continue
         if _was_live(old, done):
-            text = f"released by {old.record.owner} (or revoked) (token {old.record.token})"
+            text = f"released by {who(old.record.owner)} (or revoked) (token {old.record.token})"
             found.append(Change("released", key, text))
         else:
-            text = f"expired: {old.record.owner} stopped renewing (token {old.record.token})"
+            text = f"expired: {who(old.record.owner)} stopped renewing (token {old.record.token})"
             found.append(Change("expired", key, text))
     return found, after
 
@@ -108,6 +112,12 @@ def _was_live(old: Seen, at: float) -> bool:
 
 def _stamp() -> str:
     return time.strftime("%H:%M:%S", time.localtime())
+
+
+def _line(change: Change) -> str:
+    """A change as one line; a key with control characters is shown escaped, never
+    played to the terminal (owners are escaped in the change's text)."""
+    return f"{_stamp()}  {change.kind:<11}  {_shown(change.key)}  {change.text}"
 
 
 class _Lines:
@@ -124,7 +134,7 @@ class _Lines:
 
     def show(self, leases: dict[str, LeaseRecord], found: list[Change]) -> None:
         for change in found:
-            self.say(f"{_stamp()}  {change.kind:<11}  {change.key}  {change.text}")
+            self.say(_line(change))
 
 
 class _Live(_Lines):
@@ -154,13 +164,16 @@ class _Live(_Lines):
         from rich.table import Table
         from rich.text import Text  # keys are shown as they are, never read as markup
 
-        self._recent += [f"{_stamp()}  {c.kind:<11}  {c.key}  {c.text}" for c in found]
+        self._recent += [_line(c) for c in found]
         self._recent = self._recent[-self._RECENT :]
         table = Table("KEY", "OWNER", "TOKEN", "TTL", title=f"{len(leases)} live leases")
         for key in sorted(leases)[: self._ROWS]:
             record = leases[key]
             table.add_row(
-                Text(key), Text(record.owner), str(record.token), f"{record.ttl_ms / 1000:.1f}s"
+                Text(_shown(key)),
+                Text(_shown(record.owner)),
+                str(record.token),
+                f"{record.ttl_ms / 1000:.1f}s",
             )
         self._live.update(Group(table, *(Text(line) for line in self._recent)), refresh=True)
 

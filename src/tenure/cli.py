@@ -1,16 +1,20 @@
-"""The ``tenure`` command line: ``demo``, ``run``, ``leases``, ``doctor`` (``python -m tenure``)."""
+"""The ``tenure`` command line (``python -m tenure``): one registration per subcommand in
+``_COMMANDS``, each naming the handler that gives its exit status."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__
 
 __all__ = ["main"]
+
+Handler = Callable[[argparse.Namespace], int]
 
 _URL_HELP = "backend URL (default $TENURE_URL, else the default SQLite file)"
 
@@ -51,42 +55,71 @@ def _seconds(
     return parse
 
 
+_EXIT_USAGE = "  2    a usage error (an unknown option, a missing KEY...)"
+_EXIT_UNAVAILABLE = (
+    "  69   the backend cannot be reached or is misconfigured (an unknown scheme, a bad URL,\n"
+    "       a server that does not answer)"
+)
+
+
+def _exits(*lines: str) -> str:
+    return "\n".join(("exit status:", *lines))
+
+
+def _add(commands: Any, name: str, handler: Handler, *, description: str, **kw: Any) -> Any:
+    """A subcommand whose ``handler(args)`` gives the exit status."""
+    found = commands.add_parser(
+        name,
+        description=textwrap.fill(description, 88),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kw,
+    )
+    found.set_defaults(handler=handler, usage_error=found.error)
+    return found
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tenure",
         description="Distributed leases with fencing tokens, pub/sub and a thread runtime.",
+        epilog="Each command's --help lists its exit statuses.",
     )
     parser.add_argument("--version", action="version", version=f"tenure {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = commands.add_parser(
+    for register in _COMMANDS:
+        register(commands)
+    return parser
+
+
+def _demo_parser(commands: Any) -> None:
+    demo = _add(
+        commands,
         "demo",
+        _demo,
         help="run the thread runtime live across worker processes, kill one, judge the result",
         description=(
             "Start several worker processes that run the thread runtime on one backend, send "
             "a seeded stream of signals to a few threads from all of them, SIGKILL a worker "
             "that owns a thread part-way, and show who owns which thread. Ends with a verdict "
             "computed from what the workers recorded: every signal handled, never two owners "
-            "of a thread at once, fencing tokens increasing. Exit status 0 only on PASS."
+            "of a thread at once, fencing tokens increasing."
+        ),
+        epilog=_exits(
+            "  0    PASS", "  1    FAIL", "  2    a usage error, or a URL the demo cannot use"
         ),
     )
-    demo.add_argument(
-        "--workers", type=_bounded_int(1, 32), default=4, help="worker processes (default 4)"
-    )
-    demo.add_argument(
-        "--threads", type=_bounded_int(1, 1000), default=5, help="threads (default 5)"
-    )
-    demo.add_argument(
-        "--signals",
-        type=_bounded_int(1, 100_000),
-        default=200,
-        help="signals to send (default 200)",
-    )
-    demo.add_argument(
-        "--seed",
-        type=_bounded_int(0, 2**63 - 1),
-        default=None,
-        help="seed of the plan (default random, printed so a run can be repeated)",
-    )
+    bounded = {
+        "--workers": (_bounded_int(1, 32), 4, "worker processes (default 4)"),
+        "--threads": (_bounded_int(1, 1000), 5, "threads (default 5)"),
+        "--signals": (_bounded_int(1, 100_000), 200, "signals to send (default 200)"),
+        "--seed": (
+            _bounded_int(0, 2**63 - 1),
+            None,
+            "seed of the plan (default random, printed so a run can be repeated)",
+        ),
+    }
+    for option, (kind, default, text) in bounded.items():
+        demo.add_argument(option, type=kind, default=default, help=text)
     demo.add_argument(
         "--url",
         default=None,
@@ -107,25 +140,36 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--no-kill", dest="kill", action="store_false", help="do not kill a worker")
     demo.add_argument("--keep", action="store_true", help="keep the evidence directory")
-    run = commands.add_parser(
+
+
+def _run_parser(commands: Any) -> None:
+    run = _add(
+        commands,
         "run",
+        _run,
         help="run a command while holding a lease (like flock(1), across hosts)",
         usage="tenure run [options] KEY -- CMD [ARGS...]",
         description=(
             "Hold the lease KEY while CMD runs, renewing it. CMD gets TENURE_LEASE_KEY, "
             "TENURE_LEASE_OWNER and TENURE_FENCING_TOKEN. If the lease is lost, CMD's process "
-            "group gets SIGTERM, then SIGKILL after --grace seconds, and tenure run exits 75. "
-            "A busy key exits 73 (at once, or after --wait seconds). Otherwise the exit status "
-            "is CMD's."
+            "group gets SIGTERM, then SIGKILL after --grace seconds; what CMD leaves in its "
+            "group when it exits is stopped the same way, and so is the whole group, with "
+            "SIGKILL, if tenure run dies. With -- in the line every word before it is tenure "
+            "run's (options may follow KEY); without it CMD starts at the word after KEY."
+        ),
+        epilog=_exits(
+            "  CMD's own, 128+N when signal N ended it",
+            _EXIT_USAGE + ", no CMD, or memory://",
+            _EXIT_UNAVAILABLE,
+            "  73   KEY is held by another owner (at once, or after --wait seconds)",
+            "  75   the lease was lost while CMD ran",
+            "  126  CMD cannot be run",
+            "  127  CMD was not found",
         ),
     )
     run.add_argument("key", metavar="KEY", help="the lease key")
     run.add_argument("argv", metavar="CMD", nargs=argparse.REMAINDER, help="the command")
-    run.add_argument(
-        "--url",
-        default=None,
-        help=_URL_HELP,
-    )
+    run.add_argument("--url", default=None, help=_URL_HELP)
     run.add_argument(
         "--ttl-ms", type=_bounded_int(100, 86_400_000), default=15_000, help="lease TTL (15000)"
     )
@@ -139,32 +183,39 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--grace", type=_seconds(3600), default=10.0, help="seconds from SIGTERM to SIGKILL (10)"
     )
-    _leases_parser(commands)
-    threads = commands.add_parser(
+
+
+def _threads_parser(commands: Any) -> None:
+    threads = _add(
+        commands,
         "threads",
+        _threads,
         help="the thread runtime's threads: owner, token, TTL, unfinished signals",
         description=(
             "The threads of a namespace that have a run (in any process) or signals not "
             "yet acknowledged, read from the backend."
         ),
+        epilog=_exits("  0    listed (perhaps nothing)", _EXIT_USAGE, _EXIT_UNAVAILABLE),
     )
     threads.add_argument(
         "--namespace", default="tenure.thread", help="the runtime's namespace (tenure.thread)"
     )
     threads.add_argument("--json", action="store_true", help="JSON Lines instead of columns")
-    threads.add_argument(
-        "--url",
-        default=None,
-        help=_URL_HELP,
-    )
-    watch = commands.add_parser(
+    threads.add_argument("--url", default=None, help=_URL_HELP)
+
+
+def _watch_parser(commands: Any) -> None:
+    watch = _add(
+        commands,
         "watch",
+        _watch,
         help="a live view of leases being granted, transferred, released and expiring",
         description=(
             "Scan the leases under a prefix every --interval seconds and print each change: "
             "granted, transferred, granted again, released (or revoked), expired, and "
             "leases whose renewals stopped. Runs until interrupted."
         ),
+        epilog=_exits("  0    interrupted, or --count reached", _EXIT_USAGE, _EXIT_UNAVAILABLE),
     )
     watch.add_argument("--prefix", default="", help="only keys that start with this")
     watch.add_argument(
@@ -174,21 +225,26 @@ def _parser() -> argparse.ArgumentParser:
         "--count", type=_bounded_int(1, 2**31), default=None, help="stop after this many changes"
     )
     watch.add_argument("--url", default=None, help=_URL_HELP)
-    doctor = commands.add_parser(
+
+
+def _doctor_parser(commands: Any) -> None:
+    doctor = _add(
+        commands,
         "doctor",
+        _doctor,
         help="check that the backend, as deployed, is safe for leases",
         description=(
             "Look at the backend's server or file (eviction, persistence, replication, "
-            "isolation, filesystem, clock...) and print each finding with its fix. "
-            "Exit status 1 when anything is unsafe."
+            "isolation, filesystem, clock...) and print each finding with its fix."
+        ),
+        epilog=_exits(
+            "  0    nothing unsafe (warnings allowed)",
+            "  1    something is unsafe",
+            _EXIT_USAGE,
+            _EXIT_UNAVAILABLE,
         ),
     )
-    doctor.add_argument(
-        "--url",
-        default=None,
-        help=_URL_HELP,
-    )
-    return parser
+    doctor.add_argument("--url", default=None, help=_URL_HELP)
 
 
 def _leases_parser(commands: Any) -> None:
@@ -198,15 +254,35 @@ def _leases_parser(commands: Any) -> None:
         description="Leases as an operator sees them (any backend that declares OPERATIONS).",
     )
     actions = leases.add_subparsers(dest="action", metavar="ACTION", required=True)
-    listing = actions.add_parser("list", help="the live leases: key, owner, token, TTL left")
+    exits = ("  0    done", _EXIT_USAGE, _EXIT_UNAVAILABLE)
+    listing = _add(
+        actions,
+        "list",
+        _leases_list,
+        help="the live leases: key, owner, token, TTL left",
+        description="The live leases: key, owner, token, TTL left.",
+        epilog=_exits(*exits),
+    )
     listing.add_argument("--prefix", default="", help="only keys that start with this")
     listing.add_argument(
         "--limit", type=_bounded_int(1, 2**63 - 1), default=None, help="at most this many"
     )
-    get = actions.add_parser("get", help="one key's live lease (exit 1 when there is none)")
+    get = _add(
+        actions,
+        "get",
+        _leases_get,
+        help="one key's live lease (exit 1 when there is none)",
+        description="One key's live lease.",
+        epilog=_exits(*exits, "  1    KEY has no live lease"),
+    )
     get.add_argument("key", metavar="KEY")
-    revoke = actions.add_parser(
-        "revoke", help="force-release a lease, atomically (exit 1 when nothing was revoked)"
+    revoke = _add(
+        actions,
+        "revoke",
+        _leases_revoke,
+        help="force-release a lease, atomically (exit 1 when nothing was revoked)",
+        description="Force-release a lease, atomically: its owner's next renewal fails.",
+        epilog=_exits(*exits, "  1    nothing was revoked"),
     )
     revoke.add_argument("key", metavar="KEY")
     revoke.add_argument(
@@ -221,53 +297,85 @@ def _leases_parser(commands: Any) -> None:
         action.add_argument("--json", action="store_true", help="JSON Lines instead of columns")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``tenure`` command; returns the exit status."""
-    parser = _parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.command == "run":
-        from ._run import RunSettings, run_command
-
-        command = list(args.argv)
-        if command[:1] == ["--"]:
-            command = command[1:]
-        if not command:
-            print("tenure run: no command given: tenure run KEY -- CMD [ARGS...]", file=sys.stderr)
-            return 2
-        return run_command(
-            RunSettings(
-                key=args.key,
-                command=command,
-                url=args.url,
-                ttl_ms=args.ttl_ms,
-                wait=args.wait,
-                owner=args.owner,
-                grace=args.grace,
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The arguments; for ``run`` with ``--`` in the line, every word before it is tenure's."""
+    args = parser.parse_args(argv)
+    if args.command != "run" or "--" not in argv:
+        return args
+    cut = argv.index("--")
+    head = argv[:cut]
+    args = parser.parse_args(head)  # a KEY left out is missing here, not taken from CMD
+    if args.argv:
+        # Options after KEY were taken for the command's words: put KEY after them.
+        at = len(head) - len(args.argv) - 1
+        args = parser.parse_args([*head[:at], *args.argv, head[at]])
+        if args.argv:
+            args.usage_error(
+                "with -- in the line, only options and KEY go before it: "
+                "tenure run [options] KEY -- CMD [ARGS...]"
             )
+    args.argv = argv[cut + 1 :]
+    return args
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ._run import RunSettings, run_command
+
+    command = list(args.argv)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        args.usage_error("no command given: tenure run KEY -- CMD [ARGS...]")
+    return run_command(
+        RunSettings(
+            key=args.key,
+            command=command,
+            url=args.url,
+            ttl_ms=args.ttl_ms,
+            wait=args.wait,
+            owner=args.owner,
+            grace=args.grace,
         )
-    if args.command == "watch":
-        from ._watch import watch as watch_leases
+    )
 
-        return watch_leases(args.url, args.prefix, args.interval, args.count)
-    if args.command == "threads":
-        from ._operate import threads as show_threads
 
-        return show_threads(args.url, args.namespace, args.json)
-    if args.command == "doctor":
-        from ._doctor import doctor
+def _watch(args: argparse.Namespace) -> int:
+    from ._watch import watch
 
-        return doctor(args.url)
-    if args.command == "leases":
-        from . import _operate
+    return watch(args.url, args.prefix, args.interval, args.count)
 
-        if args.action == "list":
-            return _operate.listing(args.url, args.prefix, args.limit, args.json)
-        if args.action == "get":
-            return _operate.get(args.url, args.key, args.json)
-        return _operate.revoke(args.url, args.key, args.token)
-    if args.command != "demo":
-        parser.print_help()
-        return 2
+
+def _threads(args: argparse.Namespace) -> int:
+    from ._operate import threads
+
+    return threads(args.url, args.namespace, args.json)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from ._doctor import doctor
+
+    return doctor(args.url)
+
+
+def _leases_list(args: argparse.Namespace) -> int:
+    from ._operate import listing
+
+    return listing(args.url, args.prefix, args.limit, args.json)
+
+
+def _leases_get(args: argparse.Namespace) -> int:
+    from ._operate import get
+
+    return get(args.url, args.key, args.json)
+
+
+def _leases_revoke(args: argparse.Namespace) -> int:
+    from ._operate import revoke
+
+    return revoke(args.url, args.key, args.token)
+
+
+def _demo(args: argparse.Namespace) -> int:
     try:
         from .demo import DemoSettings, run_demo
     except ImportError as exc:  # rich is the optional "demo" extra
@@ -276,3 +384,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Every demo option is named after the DemoSettings field it sets.
     chosen = {f.name: getattr(args, f.name) for f in dataclasses.fields(DemoSettings)}
     return run_demo(DemoSettings(**chosen))
+
+
+# One registration per subcommand, in the order --help lists them.
+_COMMANDS: tuple[Callable[[Any], None], ...] = (
+    _demo_parser,
+    _run_parser,
+    _leases_parser,
+    _threads_parser,
+    _watch_parser,
+    _doctor_parser,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``tenure`` command; returns the exit status."""
+    parser = _parser()
+    args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
+    if args.command is None:
+        parser.print_help()
+        return 2
+    handler: Handler = args.handler
+    return handler(args)

@@ -11,8 +11,9 @@ Always (cheap, off the hot path):
 - ``tenure.lease.lost`` (counter): held leases declared lost (``hold`` and
   the runtime's runs);
 - ``tenure.lease.revocations`` (counter): leases revoked with ``revoke_lease``;
-- ``tenure.lease.handoff.duration`` (histogram, s): how long ``acquire_wait``
-  (and ``hold(wait=...)``) waited for a busy key before it was granted;
+- ``tenure.lease.handoff.duration`` (histogram, s, buckets from 1 ms to 300 s):
+  how long ``acquire_wait`` (and ``hold(wait=...)``) waited for a busy key
+  before it was granted;
 - ``tenure.runtime.events`` (counter): the thread runtime's steps by
   ``tenure.runtime.event`` (``wake``, ``deliver``, ``signal``, ``takeover``,
   ``lost``, ``run_end``, ...), i.e. signals sent, delivered and handled, runs
@@ -25,8 +26,12 @@ Always (cheap, off the hot path):
 Per backend call, only for a backend wrapped with :func:`instrument` (every
 call then pays for a span and a histogram record, so it is a choice):
 
-- ``tenure.lease.operation.duration`` (histogram, s) by ``tenure.operation``,
-  ``tenure.backend`` and ``tenure.outcome``;
+- ``tenure.lease.operation.duration`` (histogram, s, buckets from 0.1 ms to
+  10 s) by ``tenure.operation``, ``tenure.backend`` and ``tenure.outcome``;
+
+The histograms' bucket bounds are given as advice
+(``explicit_bucket_boundaries_advisory``, OpenTelemetry API 1.23 and later);
+an SDK View configured by the application takes precedence over it.
 - ``tenure.lease.acquires`` (counter) by ``tenure.outcome``: ``granted``,
   ``refused`` (held by another owner), ``quarantined`` (refused with no
   holder: a Redis that may have lost leases), ``error``;
@@ -97,11 +102,12 @@ def _otel() -> tuple[Any, Any]:
     return _meter, _tracer
 
 
-def _instrument(kind: str, name: str, unit: str, description: str) -> Any:
+def _instrument(kind: str, name: str, unit: str, description: str, **advice: Any) -> Any:
     found = _instruments.get(name)
     if found is None:
         meter, _ = _otel()
-        found = getattr(meter, f"create_{kind}")(name, unit=unit, description=description)
+        create = getattr(meter, f"create_{kind}")
+        found = create(name, unit=unit, description=description, **advice)
         _instruments[name] = found
     return found
 
@@ -120,8 +126,11 @@ def count(name: str, attributes: dict[str, str] | None = None, amount: int = 1) 
 
 def observe(name: str, value: float, attributes: dict[str, str] | None = None) -> None:
     """Record in one of tenure's histograms."""
-    unit, description = _HISTOGRAMS[name]
-    _instrument("histogram", name, unit, description).record(value, attributes)
+    unit, description, bounds = _HISTOGRAMS[name]
+    histogram = _instrument(
+        "histogram", name, unit, description, explicit_bucket_boundaries_advisory=bounds
+    )
+    histogram.record(value, attributes)
 
 
 _COUNTERS = {
@@ -131,9 +140,28 @@ _COUNTERS = {
     "tenure.lease.acquires": ("{call}", "acquire_lease calls by outcome"),
     "tenure.runtime.events": ("{event}", "Thread runtime steps by kind"),
 }
+# Bucket bounds in seconds, given to the SDK as advice (a View set by the
+# application still wins): its default bounds (0, 5, 10, 25, ... 10000) would put
+# every sub-second call in one bucket. A backend call takes from a fraction of
+# a millisecond (memory, a local Redis) to seconds (a server failing over); a
+# hand-off waits for a holder's release or its TTL, up to minutes.
+_OPERATION_BOUNDS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+_HANDOFF_BOUNDS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
 _HISTOGRAMS = {
-    "tenure.lease.handoff.duration": ("s", "Time a waiter waited for a busy key"),
-    "tenure.lease.operation.duration": ("s", "Duration of backend lease calls"),
+    "tenure.lease.handoff.duration": (
+        "s",
+        "Time a waiter waited for a busy key",
+        _HANDOFF_BOUNDS,
+    ),
+    "tenure.lease.operation.duration": (
+        "s",
+        "Duration of backend lease calls",
+        _OPERATION_BOUNDS,
+    ),
 }
 
 

@@ -306,18 +306,13 @@ def _print_verdict(console: Console, verdict: Verdict, extra: list[str]) -> None
         console.print(line, style=style, highlight=False, markup=False)
 
 
-def run_demo(settings: DemoSettings, console: Console | None = None) -> int:
-    """Run the demo; 0 when the verdict passes, 1 when it fails, 2 when it could not run."""
-    console = console or Console(soft_wrap=True)
-    directory = Path(tempfile.mkdtemp(prefix="tenure-demo-"))
-    coord = _Coordinator(settings, directory)
-    shown_url = redact_url(coord.url)
+def _introduce(console: Console, settings: DemoSettings, coord: _Coordinator) -> None:
     console.print(
         f"tenure demo: {settings.workers} workers, {settings.threads} threads, "
         f"{settings.signals} signals, TTL {settings.ttl_ms} ms, seed {coord.seed}",
         highlight=False,
     )
-    console.print(f"backend: {shown_url}", highlight=False, markup=False)
+    console.print(f"backend: {redact_url(coord.url)}", highlight=False, markup=False)
     console.print(
         f"reproduce the plan with: tenure demo --seed {coord.seed} --workers {settings.workers} "
         f"--threads {settings.threads} --signals {settings.signals}",
@@ -329,74 +324,86 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> int:
             "verdict is expected to FAIL (a negative control)",
             highlight=False,
         )
-    try:
-        asyncio.run(_probe(coord.url))
-    except (TenureError, OSError) as exc:
-        console.print(f"cannot use {shown_url}: {exc}", markup=False, highlight=False)
-        coord.close()
-        shutil.rmtree(directory, ignore_errors=True)
-        return 2
 
-    verdict: Verdict | None = None
+
+def _step(coord: _Coordinator) -> None:
+    time.sleep(_TICK)
+    coord.poll()
+    coord.check_workers()
+    coord.maybe_kill()
+
+
+def _follow_live(console: Console, coord: _Coordinator, deadline: float) -> None:
+    """On a terminal: the live view, until every signal is handled or the deadline."""
+    title = f"tenure demo (seed {coord.seed})"
+    with Live(render(coord.state, title), console=console, refresh_per_second=8) as live:
+        while not coord.finished() and time.monotonic() < deadline:
+            _step(coord)
+            live.update(render(coord.state, title))
+        coord.stop()
+        live.update(render(coord.state, title))
+
+
+def _follow_lines(console: Console, coord: _Coordinator, deadline: float) -> None:
+    """Piped: what is notable as it happens, and a progress line every 2 s."""
+    next_line = time.monotonic() + 2.0
+    shown = 0
+    while not coord.finished() and time.monotonic() < deadline:
+        _step(coord)
+        for line in coord.state.notable[shown:]:
+            console.print(line, highlight=False, markup=False)
+        shown = len(coord.state.notable)
+        if time.monotonic() >= next_line:
+            console.print(progress_line(coord.state), highlight=False)
+            next_line += 2.0
+    coord.stop()
+    for line in coord.state.notable[shown:]:
+        console.print(line, highlight=False, markup=False)
+    console.print(progress_line(coord.state), highlight=False)
+
+
+def _conclude(console: Console, settings: DemoSettings, coord: _Coordinator) -> Verdict:
+    """Judge the evidence, print the verdict with the run's figures, return it."""
+    records = read_dir(coord.dir)
+    verdict = judge(records)
+    extra: list[str] = []
+    unsent = settings.signals - verdict.figures["sent"]
+    if unsent:
+        extra.append(
+            f"{unsent} of the {settings.signals} planned signals were never sent "
+            "(the killed worker's remaining share)"
+        )
+    if coord.victim is not None and coord.kill_t is not None:
+        extra += _takeover_figures(records, coord.victim, coord.kill_t, coord.victim_threads)
+    elif settings.kill and settings.workers >= 2:
+        extra.append("no worker was killed (none owned a thread when the kill was due)")
+    verdict.checks.append(
+        Check(
+            "workers ran cleanly",
+            not coord.failures,
+            f"{len(coord.failures)} worker problems (exit status, stop)",
+            list(coord.failures),
+        )
+    )
+    _print_verdict(console, verdict, extra)
+    return verdict
+
+
+def _perform(console: Console, settings: DemoSettings, coord: _Coordinator) -> Verdict | None:
+    """Start the workers, follow them, judge; ``None`` when the demo could not run."""
     try:
         coord.spawn()
         if not coord.wait_ready():
             raise _Abort("; ".join(coord.failures))
         coord.go()
         deadline = time.monotonic() + settings.send_seconds + max(30.0, 6 * settings.ttl_ms / 1000)
-        title = f"tenure demo (seed {coord.seed})"
         if console.is_terminal:
-            with Live(render(coord.state, title), console=console, refresh_per_second=8) as live:
-                while not coord.finished() and time.monotonic() < deadline:
-                    time.sleep(_TICK)
-                    coord.poll()
-                    coord.check_workers()
-                    coord.maybe_kill()
-                    live.update(render(coord.state, title))
-                coord.stop()
-                live.update(render(coord.state, title))
+            _follow_live(console, coord, deadline)
         else:
-            next_line = time.monotonic() + 2.0
-            shown = 0
-            while not coord.finished() and time.monotonic() < deadline:
-                time.sleep(_TICK)
-                coord.poll()
-                coord.check_workers()
-                coord.maybe_kill()
-                for line in coord.state.notable[shown:]:
-                    console.print(line, highlight=False, markup=False)
-                shown = len(coord.state.notable)
-                if time.monotonic() >= next_line:
-                    console.print(progress_line(coord.state), highlight=False)
-                    next_line += 2.0
-            coord.stop()
-            for line in coord.state.notable[shown:]:
-                console.print(line, highlight=False, markup=False)
-            console.print(progress_line(coord.state), highlight=False)
+            _follow_lines(console, coord, deadline)
         if not coord.finished():
             console.print("deadline reached before every signal was handled", highlight=False)
-        records = read_dir(directory)
-        verdict = judge(records)
-        extra: list[str] = []
-        unsent = settings.signals - verdict.figures["sent"]
-        if unsent:
-            extra.append(
-                f"{unsent} of the {settings.signals} planned signals were never sent "
-                "(the killed worker's remaining share)"
-            )
-        if coord.victim is not None and coord.kill_t is not None:
-            extra += _takeover_figures(records, coord.victim, coord.kill_t, coord.victim_threads)
-        elif settings.kill and settings.workers >= 2:
-            extra.append("no worker was killed (none owned a thread when the kill was due)")
-        verdict.checks.append(
-            Check(
-                "workers ran cleanly",
-                not coord.failures,
-                f"{len(coord.failures)} worker problems (exit status, stop)",
-                list(coord.failures),
-            )
-        )
-        _print_verdict(console, verdict, extra)
+        return _conclude(console, settings, coord)
     except _Abort as exc:
         console.print(f"the demo could not run: {exc}", markup=False, highlight=False)
     except KeyboardInterrupt:
@@ -404,6 +411,23 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> int:
     finally:
         coord.kill_all()
         coord.close()
+    return None
+
+
+def run_demo(settings: DemoSettings, console: Console | None = None) -> int:
+    """Run the demo; 0 when the verdict passes, 1 when it fails, 2 when it could not run."""
+    console = console or Console(soft_wrap=True)
+    directory = Path(tempfile.mkdtemp(prefix="tenure-demo-"))
+    coord = _Coordinator(settings, directory)
+    _introduce(console, settings, coord)
+    try:
+        asyncio.run(_probe(coord.url))
+    except (TenureError, OSError) as exc:
+        console.print(f"cannot use {redact_url(coord.url)}: {exc}", markup=False, highlight=False)
+        coord.close()
+        shutil.rmtree(directory, ignore_errors=True)
+        return 2
+    verdict = _perform(console, settings, coord)
     ok = verdict is not None and verdict.passed
     if settings.keep or not ok:
         console.print(f"evidence kept in {directory}", highlight=False, markup=False)
