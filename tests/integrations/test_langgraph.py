@@ -1,0 +1,142 @@
+"""The fenced LangGraph savers: every write of a stale or token-less run is
+refused, atomically with the write, on each saver and each way of opening it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tenure.fencing import FenceRefused
+from tenure.integrations.langgraph import FENCING_TOKEN, fenced_config, fencing_token
+from tests.postgres.helpers import drop_schema, new_schema
+
+from .langgraph_support import (
+    KINDS,
+    checkpoint,
+    config,
+    create_schema,
+    delete_thread,
+    history,
+    latest,
+    open_saver,
+    prune,
+    put,
+    put_writes,
+    schema_url,
+)
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def where(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    if kind.startswith("sqlite"):
+        yield str(tmp_path / "checkpoints.db")
+        return
+    url: str = request.getfixturevalue("postgres_url")
+    schema = new_schema()
+    create_schema(url, schema)
+    yield schema_url(url, schema)
+    drop_schema(url, schema)
+
+
+@pytest_asyncio.fixture
+async def saver(kind: str, where: str) -> AsyncIterator[Any]:
+    async with open_saver(kind, where, fenced=True) as s:
+        yield s
+
+
+@pytest.mark.asyncio
+async def test_a_lower_token_is_refused_and_nothing_of_the_write_is_kept(saver: Any) -> None:
+    first = await put(saver, config("t", 5), checkpoint("a"))
+    await put(saver, config("t", 5), checkpoint("b"))  # the same owner writes again
+    await put_writes(
+        saver,
+        config("t", 5, checkpoint_id=first["configurable"]["checkpoint_id"]),
+        [("value", "w5")],
+    )
+    newer = await put(saver, config("t", 7), checkpoint("c"))
+    with pytest.raises(FenceRefused) as refused:
+        await put(saver, config("t", 6), checkpoint("stale"))
+    assert (refused.value.token, refused.value.highest, refused.value.key) == (6, 7, "t")
+    stale_writes = config("t", 6, checkpoint_id=newer["configurable"]["checkpoint_id"])
+    with pytest.raises(FenceRefused):
+        await put_writes(saver, stale_writes, [("value", "stale")])
+    stored = await history(saver, "t")
+    assert [t.checkpoint["channel_values"].get("value") for t in stored] == ["c", "b", "a"]
+    assert (await latest(saver, "t")).pending_writes == []
+    # The token reaches the checkpoint's metadata: the stored history shows who wrote it.
+    assert [t.metadata["fencing_token"] for t in stored] == [7, 5, 5]
+
+
+@pytest.mark.asyncio
+async def test_a_write_without_a_token_is_refused(saver: Any) -> None:
+    with pytest.raises(FenceRefused, match="no fencing token"):
+        await put(saver, config("t"), checkpoint("a"))
+    with pytest.raises(FenceRefused, match="no fencing token"):
+        await delete_thread(saver, "t")
+    assert await history(saver, "t") == []
+
+
+@pytest.mark.asyncio
+async def test_delete_thread_is_fenced_by_the_context_token(saver: Any) -> None:
+    await put(saver, config("t", 3), checkpoint("a"))
+    await put(saver, config("u", 9), checkpoint("b"))
+    with fencing_token(2), pytest.raises(FenceRefused):
+        await delete_thread(saver, "t")
+    assert len(await history(saver, "t")) == 1
+    with fencing_token(3):
+        await delete_thread(saver, "t")
+        assert await history(saver, "t") == []
+        # The config's token wins over the context's.
+        await put(saver, config("u", 9), checkpoint("c"))
+    assert FENCING_TOKEN.get() is None
+    assert len(await history(saver, "u")) == 2
+    with fencing_token(4):  # the token stays recorded after the thread is deleted
+        await put(saver, config("t"), checkpoint("again"))
+    with fencing_token(3), pytest.raises(FenceRefused):
+        await put(saver, config("t"), checkpoint("stale"))
+
+
+@pytest.mark.asyncio
+async def test_threads_are_fenced_independently(saver: Any) -> None:
+    await put(saver, config("t", 10), checkpoint("a"))
+    await put(saver, config("ключ 🔑", 1), checkpoint("b"))
+    with pytest.raises(FenceRefused):
+        await put(saver, config("ключ 🔑", 0), checkpoint("c"))
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k.startswith("postgres")])
+@pytest.mark.parametrize("strategy", ["delete", "keep_latest"])
+@pytest.mark.asyncio
+async def test_prune_is_fenced(saver: Any, strategy: str) -> None:
+    for value in ("a", "b"):
+        await put(saver, config("t", 4), checkpoint(value))
+    await put(saver, config("u", 1), checkpoint("x"))
+    with fencing_token(3), pytest.raises(FenceRefused):
+        await prune(saver, ["u", "t"], strategy)
+    assert len(await history(saver, "t")) == 2
+    with pytest.raises(FenceRefused, match="no fencing token"):
+        await prune(saver, ["t"], strategy)
+    with fencing_token(4):
+        await prune(saver, ["t", "u"], strategy)
+    assert len(await history(saver, "t")) == (0 if strategy == "delete" else 1)
+
+
+def test_fenced_config_carries_the_runs_thread_and_token() -> None:
+    class Run:
+        thread_key = "thread-7"
+        token = 42
+
+    cfg = fenced_config(Run(), {"configurable": {"user": "u"}, "recursion_limit": 5})  # type: ignore[arg-type]
+    assert cfg == {
+        "configurable": {"user": "u", "thread_id": "thread-7", "fencing_token": 42},
+        "recursion_limit": 5,
+    }
