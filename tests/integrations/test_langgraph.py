@@ -140,3 +140,18 @@ def test_fenced_config_carries_the_runs_thread_and_token() -> None:
         "configurable": {"user": "u", "thread_id": "thread-7", "fencing_token": 42},
         "recursion_limit": 5,
     }
+
+
+@pytest.mark.parametrize("kind", ["sqlite-async"])
+@pytest.mark.asyncio
+async def test_sqlite_checks_without_aiosqlite_internals(
+    saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tenure.integrations.langgraph._sqlite import _CheckedCommit
+
+    monkeypatch.setattr(_CheckedCommit, "one_hop", False)
+    await put(saver, config("t", 5), checkpoint("a"))
+    with pytest.raises(FenceRefused) as refused:
+        await put(saver, config("t", 4), checkpoint("stale"))
+    assert refused.value.highest == 5
+    assert [t.checkpoint["channel_values"]["value"] for t in await history(saver, "t")] == ["a"]

@@ -138,13 +138,17 @@ class SqlFence:
 RETURNS bigint LANGUAGE plpgsql AS $fence$
 DECLARE highest bigint;
 BEGIN
+  -- The row is locked until the commit whether or not it is updated; it is
+  -- rewritten only when the token rises, not at each write of one owner.
   INSERT INTO {table} AS f (key, token) VALUES (fence_key, fence_token)
-  ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token WHERE f.token <= EXCLUDED.token
+  ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token WHERE f.token < EXCLUDED.token
   RETURNING f.token INTO highest;
   IF highest IS NULL THEN
     SELECT f.token INTO highest FROM {table} AS f WHERE f.key = fence_key;
-    RAISE EXCEPTION 'fenced write refused: token % is lower than %', fence_token, highest
-      USING ERRCODE = '{REFUSED_SQLSTATE}', DETAIL = highest::text;
+    IF highest > fence_token THEN
+      RAISE EXCEPTION 'fenced write refused: token % is lower than %', fence_token, highest
+        USING ERRCODE = '{REFUSED_SQLSTATE}', DETAIL = highest::text;
+    END IF;
   END IF;
   RETURN highest;
 END
@@ -234,12 +238,10 @@ $fence$""",
         raw, checked = _fenced(key, token)
         driver = _driver(conn)
         if driver == "aiosqlite":
-            async with conn.execute(self._sqlite_check, (raw, checked)) as cur:
-                recorded = await cur.fetchone()
-            if recorded is None:
-                async with conn.execute(self._sqlite_highest, (raw,)) as cur:
-                    row = await cur.fetchone()
-                raise FenceRefused(key, checked, None if row is None else int(row[0]))
+            # One hop to aiosqlite's thread (a cursor's execute, fetch and close are three).
+            if not await conn.execute_fetchall(self._sqlite_check, (raw, checked)):
+                rows = list(await conn.execute_fetchall(self._sqlite_highest, (raw,)))
+                raise FenceRefused(key, checked, int(rows[0][0]) if rows else None)
             return
         try:
             await conn.execute(self.pg_check, (raw, checked))
