@@ -3,15 +3,25 @@ refused, atomically with the write, on each saver and each way of opening it."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 import pytest_asyncio
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
 
+from tenure import MemoryPubSub, Signal, ThreadRun, ThreadRuntime
 from tenure.fencing import FenceRefused
-from tenure.integrations.langgraph import FENCING_TOKEN, fenced_config, fencing_token
+from tenure.integrations.langgraph import (
+    FENCING_TOKEN,
+    FencedAsyncSqliteSaver,
+    fenced_config,
+    fencing_token,
+)
+from tenure.testing import eventually
 from tests.postgres.helpers import drop_schema, new_schema
 
 from .langgraph_support import (
@@ -28,6 +38,10 @@ from .langgraph_support import (
     put_writes,
     schema_url,
 )
+
+
+class State(TypedDict):
+    said: Annotated[list[str], operator.add]
 
 
 @pytest.fixture(params=KINDS)
@@ -130,18 +144,6 @@ async def test_prune_is_fenced(saver: Any, strategy: str) -> None:
     assert len(await history(saver, "t")) == (0 if strategy == "delete" else 1)
 
 
-def test_fenced_config_carries_the_runs_thread_and_token() -> None:
-    class Run:
-        thread_key = "thread-7"
-        token = 42
-
-    cfg = fenced_config(Run(), {"configurable": {"user": "u"}, "recursion_limit": 5})  # type: ignore[arg-type]
-    assert cfg == {
-        "configurable": {"user": "u", "thread_id": "thread-7", "fencing_token": 42},
-        "recursion_limit": 5,
-    }
-
-
 @pytest.mark.parametrize("kind", ["sqlite-async"])
 @pytest.mark.asyncio
 async def test_sqlite_checks_without_aiosqlite_internals(
@@ -155,3 +157,48 @@ async def test_sqlite_checks_without_aiosqlite_internals(
         await put(saver, config("t", 4), checkpoint("stale"))
     assert refused.value.highest == 5
     assert [t.checkpoint["channel_values"]["value"] for t in await history(saver, "t")] == ["a"]
+
+
+@pytest.mark.asyncio
+async def test_a_graph_run_by_the_thread_runtime_writes_with_its_runs_token(
+    tmp_path: Path,
+) -> None:
+    """Every checkpoint a graph writes (each step, and its pending writes)
+    carries the run's token from ``fenced_config``; the same graph run with
+    an older token is refused at its first write."""
+    builder = StateGraph(State)
+    builder.add_node("echo", lambda state: {"said": [f"echo {state['said'][-1]}"]})
+    builder.add_edge(START, "echo")
+    builder.add_edge("echo", END)
+    runs: list[ThreadRun] = []
+    answered: list[str] = []
+
+    async with FencedAsyncSqliteSaver.from_conn_string(str(tmp_path / "graph.db")) as saver:
+        graph = builder.compile(checkpointer=saver)
+
+        async def handler(run: ThreadRun) -> None:
+            runs.append(run)
+            signal: Signal
+            async for signal in run.signals():
+                await graph.ainvoke({"said": [signal.payload]}, fenced_config(run))
+                answered.append(signal.payload)
+
+        async with MemoryPubSub() as backend, ThreadRuntime(backend, handler) as runtime:
+            await runtime.send_signal("chat", "hi")
+            await runtime.send_signal("chat", "again")
+            await eventually(lambda: len(answered) == 2)
+        state = await graph.aget_state({"configurable": {"thread_id": "chat"}})
+        assert state.values["said"] == ["hi", "echo hi", "again", "echo again"]
+        token = runs[0].token
+        assert token is not None
+        assert fenced_config(runs[0], {"configurable": {"user": "u"}, "recursion_limit": 5}) == {
+            "configurable": {"user": "u", "thread_id": "chat", "fencing_token": token},
+            "recursion_limit": 5,
+        }
+        stored = await history(saver, "chat")
+        assert {t.metadata["fencing_token"] for t in stored} == {token}
+        before = len(stored)
+        stale: RunnableConfig = {"configurable": {"thread_id": "chat", "fencing_token": token - 1}}
+        with pytest.raises(FenceRefused):
+            await graph.ainvoke({"said": ["late"]}, stale)
+        assert len(await history(saver, "chat")) == before
