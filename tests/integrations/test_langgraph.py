@@ -3,6 +3,7 @@ refused, atomically with the write, on each saver and each way of opening it."""
 
 from __future__ import annotations
 
+import asyncio
 import operator
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest_asyncio
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
-from tenure import MemoryPubSub, Signal, ThreadRun, ThreadRuntime
+from tenure import ConfigurationError, MemoryPubSub, Signal, ThreadRun, ThreadRuntime
 from tenure.fencing import FenceRefused
 from tenure.integrations.langgraph import (
     FENCING_TOKEN,
@@ -202,3 +203,34 @@ async def test_a_graph_run_by_the_thread_runtime_writes_with_its_runs_token(
         with pytest.raises(FenceRefused):
             await graph.ainvoke({"said": ["late"]}, stale)
         assert len(await history(saver, "chat")) == before
+
+
+@pytest.mark.parametrize("kind", ["sqlite-async", "postgres-async", "postgres-async-pool"])
+@pytest.mark.asyncio
+async def test_the_sync_bridges_of_the_async_savers_are_fenced(saver: Any) -> None:
+    def from_a_thread(token: int, value: str) -> None:
+        saver.put(config("t", token), checkpoint(value), {"source": "loop", "step": 0}, {})
+
+    await asyncio.to_thread(from_a_thread, 5, "a")
+    with pytest.raises(FenceRefused):
+        await asyncio.to_thread(from_a_thread, 4, "stale")
+    with fencing_token(4), pytest.raises(FenceRefused):
+        await asyncio.to_thread(saver.delete_thread, "t")
+    assert [t.checkpoint["channel_values"]["value"] for t in await history(saver, "t")] == ["a"]
+
+
+@pytest.mark.parametrize("kind", ["sqlite-async"])
+@pytest.mark.asyncio
+async def test_a_write_that_bypasses_the_check_is_reported(
+    saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A saver version that commits some other way than the fenced saver knows:
+    the write is reported, not passed off as fenced."""
+    from tenure.integrations.langgraph._sqlite import _CheckedCommit
+
+    async def plain_commit(self: Any) -> None:
+        await self._conn.commit()
+
+    monkeypatch.setattr(_CheckedCommit, "commit", plain_commit)
+    with pytest.raises(ConfigurationError, match="without running the fence's check"):
+        await put(saver, config("t", 5), checkpoint("a"))

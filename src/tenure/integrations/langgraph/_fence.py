@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
-from ..._errors import InvalidArgument
+from ..._errors import ConfigurationError, InvalidArgument
 from ...fencing import FenceRefused, SqlFence
 
 if TYPE_CHECKING:
@@ -63,12 +63,18 @@ def fenced_config(run: ThreadRun, config: RunnableConfig | None = None) -> Runna
     return base  # type: ignore[return-value]  # RunnableConfig is a TypedDict of these keys
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pending:
-    """The fence a write in progress must pass: its threads and its token."""
+    """The fence a write in progress must pass: its threads and its token.
+
+    The hook that runs the check sets ``checked``: a write that ends without
+    it went by a path the fenced saver does not know (a saver version it was
+    not made for), which is reported instead of passing silently.
+    """
 
     keys: tuple[str, ...]
     token: int
+    checked: bool = False
 
     @property
     def shown(self) -> str:
@@ -147,11 +153,23 @@ def _pending(name: str, locate: Locate | None, args: Any, kwargs: Any) -> Pendin
             f"config['configurable']['{CONFIG_KEY}'] must be an int (the lease's fencing "
             f"token), got {type(token).__name__}"
         )
+    outer = PENDING.get()
+    if outer is not None and (outer.keys, outer.token) == (tuple(keys), token):
+        return outer  # a sync bridge's call of the async write: one write, one check
     return Pending(tuple(keys), token)
 
 
+def _checked(pending: Pending | None, saver: object) -> None:
+    if pending is not None and not pending.checked:
+        raise ConfigurationError(
+            f"{type(saver).__name__} wrote {pending.shown!r} without running the fence's check: "
+            "this version of the LangGraph saver writes in a way it was not made for "
+            "(see the versions that tenure[langgraph] supports)"
+        )
+
+
 def _translated(exc: Exception, pending: Pending | None) -> FenceRefused | None:
-    if pending is None or isinstance(exc, FenceRefused):
+    if pending is None or isinstance(exc, FenceRefused | ConfigurationError):
         return None
     return SqlFence.refusal(exc, pending.shown, pending.token)
 
@@ -164,7 +182,9 @@ def _wrap(name: str, locate: Locate | None, impl: Callable[..., Any]) -> Callabl
             pending = _pending(name, locate, args, kwargs)
             reset = PENDING.set(pending)
             try:
-                return await impl(self, *args, **kwargs)
+                result = await impl(self, *args, **kwargs)
+                _checked(pending, self)
+                return result
             except Exception as exc:
                 refused = _translated(exc, pending)
                 if refused is None:
@@ -180,7 +200,9 @@ def _wrap(name: str, locate: Locate | None, impl: Callable[..., Any]) -> Callabl
         pending = _pending(name, locate, args, kwargs)
         reset = PENDING.set(pending)
         try:
-            return impl(self, *args, **kwargs)
+            result = impl(self, *args, **kwargs)
+            _checked(pending, self)
+            return result
         except Exception as exc:
             refused = _translated(exc, pending)
             if refused is None:

@@ -42,6 +42,13 @@ def _conninfo(conn: Connection[Any] | AsyncConnection[Any]) -> str:
     return make_conninfo(conn.info.dsn, **({"password": password} if password else {}))
 
 
+def _mark_checked() -> None:
+    """The prune was checked on its second connection (the wrapper's pending fence)."""
+    pending = PENDING.get()
+    if pending is not None:
+        pending.checked = True
+
+
 def _prune_keys(thread_ids: Sequence[str]) -> list[str]:
     if isinstance(thread_ids, str):
         return []
@@ -88,6 +95,7 @@ class FencedAsyncPostgresSaver(AsyncPostgresSaver):
             if pipeline and pending is not None:
                 for key in pending.keys:
                     await self.fence.acheck(cur.connection, key, pending.token)
+                pending.checked = True
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         keys = _prune_keys(thread_ids)
@@ -101,6 +109,7 @@ class FencedAsyncPostgresSaver(AsyncPostgresSaver):
                 await self.fence.acheck(conn, key, token)
             with no_fence():
                 await super().aprune(thread_ids, strategy=strategy)
+        _mark_checked()
 
     @asynccontextmanager
     async def _second(self) -> AsyncIterator[AsyncConnection[Any]]:
@@ -146,6 +155,7 @@ class FencedPostgresSaver(PostgresSaver):
             if pipeline and pending is not None:
                 for key in pending.keys:
                     self.fence.check(cur.connection, key, pending.token)
+                pending.checked = True
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         keys = _prune_keys(thread_ids)
@@ -159,6 +169,7 @@ class FencedPostgresSaver(PostgresSaver):
                 self.fence.check(conn, key, token)
             with no_fence():
                 super().prune(thread_ids, strategy=strategy)
+        _mark_checked()
 
     @contextmanager
     def _second(self) -> Iterator[Connection[Any]]:

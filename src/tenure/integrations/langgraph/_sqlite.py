@@ -61,6 +61,7 @@ class _CheckedCommit:
         except BaseException:
             await self._conn.rollback()
             raise
+        pending.checked = True
         await self._conn.commit()
 
     def _check_and_commit(self, pending: Pending) -> None:
@@ -72,6 +73,7 @@ class _CheckedCommit:
         except BaseException:
             raw.rollback()
             raise
+        pending.checked = True
         raw.commit()
 
 
@@ -152,3 +154,4 @@ class FencedSqliteSaver(SqliteSaver):
                 except BaseException:
                     self.conn.rollback()  # the commit that follows then commits nothing
                     raise
+                pending.checked = True
