@@ -138,19 +138,25 @@ class SqlFence:
 RETURNS bigint LANGUAGE plpgsql AS $fence$
 DECLARE highest bigint;
 BEGIN
-  -- The row is locked until the commit whether or not it is updated; it is
-  -- rewritten only when the token rises, not at each write of one owner.
-  INSERT INTO {table} AS f (key, token) VALUES (fence_key, fence_token)
-  ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token WHERE f.token < EXCLUDED.token
-  RETURNING f.token INTO highest;
-  IF highest IS NULL THEN
-    SELECT f.token INTO highest FROM {table} AS f WHERE f.key = fence_key;
-    IF highest > fence_token THEN
-      RAISE EXCEPTION 'fenced write refused: token % is lower than %', fence_token, highest
-        USING ERRCODE = '{REFUSED_SQLSTATE}', DETAIL = highest::text;
+  -- The row stays locked until the commit: fenced writes of one key commit
+  -- in the order they took it. It is rewritten only when the token rises,
+  -- not at each write of one owner.
+  SELECT f.token INTO highest FROM {table} AS f WHERE f.key = fence_key FOR NO KEY UPDATE;
+  IF NOT FOUND THEN
+    INSERT INTO {table} AS f (key, token) VALUES (fence_key, fence_token)
+    ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token WHERE f.token < EXCLUDED.token
+    RETURNING f.token INTO highest;
+    IF highest IS NULL THEN  -- written meanwhile (and now locked): look again
+      SELECT f.token INTO highest FROM {table} AS f WHERE f.key = fence_key;
     END IF;
   END IF;
-  RETURN highest;
+  IF highest > fence_token THEN
+    RAISE EXCEPTION 'fenced write refused: token % is lower than %', fence_token, highest
+      USING ERRCODE = '{REFUSED_SQLSTATE}', DETAIL = highest::text;
+  ELSIF highest < fence_token THEN
+    UPDATE {table} AS f SET token = fence_token WHERE f.key = fence_key;
+  END IF;
+  RETURN fence_token;
 END
 $fence$""",
         ]
