@@ -234,3 +234,24 @@ async def test_a_write_that_bypasses_the_check_is_reported(
     monkeypatch.setattr(_CheckedCommit, "commit", plain_commit)
     with pytest.raises(ConfigurationError, match="without running the fence's check"):
         await put(saver, config("t", 5), checkpoint("a"))
+
+
+@pytest.mark.asyncio
+async def test_a_write_by_run_ids_is_refused_where_a_saver_has_one(tmp_path: Path) -> None:
+    """No installed saver has ``delete_for_runs``; one that had it would get it
+    refused by its fenced class (it spans threads, which no token fences)."""
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    from tenure.integrations.langgraph._fence import fence_writes
+
+    class WithRuns(AsyncSqliteSaver):
+        async def adelete_for_runs(self, run_ids: Any) -> None:
+            raise AssertionError("the saver's own method was reached")
+
+    @fence_writes
+    class FencedWithRuns(WithRuns):
+        pass
+
+    async with FencedWithRuns.from_conn_string(str(tmp_path / "runs.db")) as saver:
+        with fencing_token(5), pytest.raises(ConfigurationError, match="delete_for_runs"):
+            await saver.adelete_for_runs(["run-1"])

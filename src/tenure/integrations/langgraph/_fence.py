@@ -142,7 +142,10 @@ WRITES: dict[str, Locate | None] = {
 
 def _pending(name: str, locate: Locate | None, args: Any, kwargs: Any) -> Pending | None:
     if locate is None:
-        raise FenceRefused(f"<{name}: runs of any thread>", None, None)
+        raise ConfigurationError(
+            f"{name} is refused by a fenced saver: it writes to runs of any thread, "
+            "which no thread's token can fence"
+        )
     keys, token = locate(args, kwargs)
     if not keys:
         return None
