@@ -13,7 +13,10 @@ fenced writes of one thread commit in the order of their tokens.
 its choosing), into which nothing can be placed: it is fenced by a check made
 on a second connection whose transaction, holding the threads' fence rows,
 stays open until the prune is done. A write of a newer owner waits for it;
-one that came first has recorded its token, and the prune is refused.
+one that came first has recorded its token, and the prune is refused. A
+write of a pruned thread through the *same* saver object while its prune
+runs would wait for the prune, which waits for the saver's lock that the
+write holds: prune a thread from a saver that is not writing it at the time.
 """
 
 from __future__ import annotations
