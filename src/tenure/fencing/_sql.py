@@ -30,11 +30,13 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,55}")
 
 
 class FenceRefused(TenureError):
-    """A fenced write was refused and nothing of it was applied.
+    """A fenced write was refused: its transaction must not commit.
 
     Either ``token`` is lower than ``highest``, the highest token that has
     written ``key``, or the write carried no token at all (``token is None``):
-    a fence fails closed. The writer has lost the key; retrying with the same
+    a fence fails closed. The fenced stores and savers have rolled the write
+    back when they raise it; a caller of :meth:`SqlFence.check` rolls back its
+    own transaction. The writer has lost the key: retrying with the same
     token can never succeed.
     """
 
