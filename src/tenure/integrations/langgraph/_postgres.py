@@ -7,7 +7,11 @@ where the server has no pipeline mode. The check joins them there, so it costs
 no round trip of its own; a refusal is an error raised by the server, which
 aborts the statements before it, and the saver's exit from the pipeline raises
 it. The check locks the thread's row in the fence table until the commit, so
-fenced writes of one thread commit in the order of their tokens.
+fenced writes of one thread commit in the order of their tokens. The price:
+a writer stopped between its check and its pipeline's sync (a pause in those
+few lines of Python) keeps the row locked, and the thread's next owner waits
+until it resumes (its write, checked first, then commits first) or its
+connection closes.
 
 ``prune`` runs its own transactions (one per thread, at an isolation level of
 its choosing), into which nothing can be placed: it is fenced by a check made
