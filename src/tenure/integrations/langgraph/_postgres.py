@@ -1,0 +1,188 @@
+"""LangGraph's PostgreSQL savers, fenced: the check is the last statement of the
+write's own pipeline.
+
+The savers run each write's statements through ``_cursor(pipeline=True)``: in
+one pipeline (one implicit transaction up to its sync), or in a transaction
+where the server has no pipeline mode. The check joins them there, so it costs
+no round trip of its own; a refusal is an error raised by the server, which
+aborts the statements before it, and the saver's exit from the pipeline raises
+it. The check locks the thread's row in the fence table until the commit, so
+fenced writes of one thread commit in the order of their tokens. The price:
+a writer stopped between its check and its pipeline's sync (a pause in those
+few lines of Python) keeps the row locked, and the thread's next owner waits
+until it resumes (its write, checked first, then commits first) or its
+connection closes.
+
+``prune`` runs its own transactions (one per thread, at an isolation level of
+its choosing), into which nothing can be placed: it is fenced by a check made
+on a second connection whose transaction, holding the threads' fence rows,
+stays open until the prune is done. A write of a newer owner waits for it;
+one that came first has recorded its token, and the prune is refused. A
+write of a pruned thread through the *same* saver object while its prune
+runs would wait for the prune, which waits for the saver's lock that the
+write holds: prune a thread from a saver that is not writing it at the time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from psycopg import AsyncConnection, AsyncCursor, AsyncPipeline, Connection, Cursor, Pipeline
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import DictRow
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from ...fencing import FenceRefused, SqlFence
+from ._fence import FENCING_TOKEN, PENDING, fence_writes, no_fence
+
+__all__ = ["FencedAsyncPostgresSaver", "FencedPostgresSaver"]
+
+
+def _conninfo(conn: Connection[Any] | AsyncConnection[Any]) -> str:
+    """How to open a second connection like ``conn`` (``info.dsn`` leaves out the password)."""
+    password = conn.info.password
+    return make_conninfo(conn.info.dsn, **({"password": password} if password else {}))
+
+
+def _mark_checked() -> None:
+    """The prune was checked on its second connection (the wrapper's pending fence)."""
+    pending = PENDING.get()
+    if pending is not None:
+        pending.checked = True
+
+
+def _prune_keys(thread_ids: Sequence[str]) -> list[str]:
+    if isinstance(thread_ids, str):
+        return []
+    return sorted({str(t) for t in thread_ids})  # one order: two prunes cannot deadlock
+
+
+@fence_writes
+class FencedAsyncPostgresSaver(AsyncPostgresSaver):
+    """:class:`~langgraph.checkpoint.postgres.aio.AsyncPostgresSaver` with fenced writes.
+
+    Constructed like it (a connection or a pool, ``from_conn_string``, then
+    ``await setup()``, which also creates the fence); ``fence`` names the
+    table of tokens (default :class:`~tenure.fencing.SqlFence()`, in the same
+    database). Every write (``aput``, ``aput_writes``, ``adelete_thread``,
+    ``aprune`` and their sync bridges) is refused with
+    :class:`~tenure.fencing.FenceRefused`, and nothing of it applied, when its
+    token is lower than the highest that has written the thread, or missing.
+    The token comes from ``config["configurable"]["fencing_token"]``, else from
+    :func:`~tenure.integrations.langgraph.fencing_token`.
+    """
+
+    def __init__(
+        self,
+        conn: Any,
+        pipe: AsyncPipeline | None = None,
+        serde: SerializerProtocol | None = None,
+        *,
+        fence: SqlFence | None = None,
+    ) -> None:
+        super().__init__(conn, pipe, serde)
+        self.fence = fence or SqlFence()
+
+    async def setup(self) -> None:
+        with no_fence():
+            await super().setup()
+            async with self._cursor(pipeline=True) as cur:
+                await self.fence.asetup(cur.connection)
+
+    @asynccontextmanager
+    async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
+        async with super()._cursor(pipeline=pipeline) as cur:
+            yield cur
+            pending = PENDING.get()
+            if pipeline and pending is not None:
+                for key in pending.keys:
+                    await self.fence.acheck(cur.connection, key, pending.token)
+                pending.checked = True
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        keys = _prune_keys(thread_ids)
+        token = FENCING_TOKEN.get()
+        if not keys:
+            return await super().aprune(thread_ids, strategy=strategy)
+        if token is None:
+            raise FenceRefused(", ".join(keys), None, None)
+        async with self._second() as conn, conn.transaction():
+            for key in keys:
+                await self.fence.acheck(conn, key, token)
+            with no_fence():
+                await super().aprune(thread_ids, strategy=strategy)
+        _mark_checked()
+
+    @asynccontextmanager
+    async def _second(self) -> AsyncIterator[AsyncConnection[Any]]:
+        if isinstance(self.conn, AsyncConnectionPool):
+            async with self.conn.connection() as conn:
+                yield conn
+            return
+        conn = await AsyncConnection.connect(_conninfo(self.conn), autocommit=True)
+        async with conn:
+            yield conn
+
+
+@fence_writes
+class FencedPostgresSaver(PostgresSaver):
+    """:class:`~langgraph.checkpoint.postgres.PostgresSaver` with fenced writes.
+
+    As :class:`FencedAsyncPostgresSaver`, for the sync saver: ``put``,
+    ``put_writes``, ``delete_thread`` and ``prune`` are fenced.
+    """
+
+    def __init__(
+        self,
+        conn: Any,
+        pipe: Pipeline | None = None,
+        serde: SerializerProtocol | None = None,
+        *,
+        fence: SqlFence | None = None,
+    ) -> None:
+        super().__init__(conn, pipe, serde)
+        self.fence = fence or SqlFence()
+
+    def setup(self) -> None:
+        with no_fence():
+            super().setup()
+            with self._cursor(pipeline=True) as cur:
+                self.fence.setup(cur.connection)
+
+    @contextmanager
+    def _cursor(self, *, pipeline: bool = False) -> Iterator[Cursor[DictRow]]:
+        with super()._cursor(pipeline=pipeline) as cur:
+            yield cur
+            pending = PENDING.get()
+            if pipeline and pending is not None:
+                for key in pending.keys:
+                    self.fence.check(cur.connection, key, pending.token)
+                pending.checked = True
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        keys = _prune_keys(thread_ids)
+        token = FENCING_TOKEN.get()
+        if not keys:
+            return super().prune(thread_ids, strategy=strategy)
+        if token is None:
+            raise FenceRefused(", ".join(keys), None, None)
+        with self._second() as conn, conn.transaction():
+            for key in keys:
+                self.fence.check(conn, key, token)
+            with no_fence():
+                super().prune(thread_ids, strategy=strategy)
+        _mark_checked()
+
+    @contextmanager
+    def _second(self) -> Iterator[Connection[Any]]:
+        if isinstance(self.conn, ConnectionPool):
+            with self.conn.connection() as conn:
+                yield conn
+            return
+        with Connection.connect(_conninfo(self.conn), autocommit=True) as conn:
+            yield conn

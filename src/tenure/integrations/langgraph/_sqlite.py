@@ -1,0 +1,157 @@
+"""LangGraph's SQLite savers, fenced: the check runs just before the write's commit.
+
+Both savers end every write with a commit on their connection, after its
+statements (the async one on ``self.conn``, the sync one at the end of
+``self.cursor()``). SQLite lets one writer at a time hold the database from a
+transaction's first write to its commit, so a check made just before the
+commit sees every write committed before and keeps out every later one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, cast
+
+import aiosqlite
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+from ...fencing import SqlFence
+from ._fence import PENDING, Pending, fence_writes, no_fence
+
+__all__ = ["FencedAsyncSqliteSaver", "FencedSqliteSaver"]
+
+
+class _CheckedCommit:
+    """An aiosqlite connection whose ``commit`` first runs the pending write's check.
+
+    Everything else is the connection's own. The check and the commit go to
+    aiosqlite's thread together, in one hop, where its private ``_execute``
+    and ``_conn`` are there to do it (each hop costs about as much as a
+    statement); otherwise the check takes a hop of its own.
+    """
+
+    one_hop = True
+
+    def __init__(self, conn: aiosqlite.Connection, fence: SqlFence) -> None:
+        self._conn = conn
+        self._fence = fence
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def __await__(self) -> Any:
+        return self._conn.__await__()
+
+    async def commit(self) -> None:
+        pending = PENDING.get()
+        if pending is None:
+            await self._conn.commit()
+            return
+        execute = getattr(self._conn, "_execute", None)
+        if self.one_hop and execute is not None and hasattr(type(self._conn), "_conn"):
+            await execute(self._check_and_commit, pending)
+            return
+        try:
+            for key in pending.keys:
+                await self._fence.acheck(self._conn, key, pending.token)
+        except BaseException:
+            await self._conn.rollback()
+            raise
+        pending.checked = True
+        await self._conn.commit()
+
+    def _check_and_commit(self, pending: Pending) -> None:
+        """On aiosqlite's thread, with its sqlite3 connection."""
+        raw = self._conn._conn
+        try:
+            for key in pending.keys:
+                self._fence.check(raw, key, pending.token)
+        except BaseException:
+            raw.rollback()
+            raise
+        pending.checked = True
+        raw.commit()
+
+
+@fence_writes
+class FencedAsyncSqliteSaver(AsyncSqliteSaver):
+    """:class:`~langgraph.checkpoint.sqlite.aio.AsyncSqliteSaver` with fenced writes.
+
+    Constructed like it (``FencedAsyncSqliteSaver(conn)``,
+    ``FencedAsyncSqliteSaver.from_conn_string(path)``); ``fence`` names the
+    table of tokens (default :class:`~tenure.fencing.SqlFence()`, in the same
+    database). Every write (``aput``, ``aput_writes``, ``adelete_thread`` and
+    their sync bridges) is refused with :class:`~tenure.fencing.FenceRefused`,
+    and nothing of it applied, when its token is lower than the highest that
+    has written the thread, or missing. The token comes from
+    ``config["configurable"]["fencing_token"]``, else from
+    :func:`~tenure.integrations.langgraph.fencing_token`.
+    """
+
+    def __init__(
+        self,
+        conn: aiosqlite.Connection,
+        *,
+        serde: SerializerProtocol | None = None,
+        fence: SqlFence | None = None,
+    ) -> None:
+        self.fence = fence or SqlFence()
+        self._raw_conn = conn
+        super().__init__(cast(aiosqlite.Connection, _CheckedCommit(conn, self.fence)), serde=serde)
+        self._fence_ready = False
+
+    async def setup(self) -> None:
+        with no_fence():
+            await super().setup()
+            if not self._fence_ready:
+                async with self.lock:
+                    await self.fence.asetup(self._raw_conn)
+                self._fence_ready = True
+
+
+@fence_writes
+class FencedSqliteSaver(SqliteSaver):
+    """:class:`~langgraph.checkpoint.sqlite.SqliteSaver` with fenced writes.
+
+    Constructed like it (``FencedSqliteSaver(conn)``,
+    ``FencedSqliteSaver.from_conn_string(path)``); ``fence`` as for
+    :class:`FencedAsyncSqliteSaver`. Every write (``put``, ``put_writes``,
+    ``delete_thread``) is refused, and nothing of it applied, when its token is
+    lower than the highest that has written the thread, or missing.
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        serde: SerializerProtocol | None = None,
+        fence: SqlFence | None = None,
+    ) -> None:
+        self.fence = fence or SqlFence()
+        super().__init__(conn, serde=serde)
+        self._fence_ready = False
+
+    def setup(self) -> None:
+        with no_fence():
+            super().setup()
+            if not self._fence_ready:
+                self.fence.setup(self.conn)
+                self._fence_ready = True
+
+    @contextmanager
+    def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
+        with super().cursor(transaction) as cur:
+            yield cur
+            pending = PENDING.get()
+            if transaction and pending is not None:
+                try:
+                    for key in pending.keys:
+                        self.fence.check(self.conn, key, pending.token)
+                except BaseException:
+                    self.conn.rollback()  # the commit that follows then commits nothing
+                    raise
+                pending.checked = True
