@@ -188,6 +188,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=_URL_HELP,
     )
+    from .dashboard._cli import add_parser as add_dashboard
+
+    add_dashboard(commands, _URL_HELP)
     return parser
 
 
@@ -253,6 +256,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._operate import threads as show_threads
 
         return show_threads(args.url, args.namespace, args.json)
+    if args.command == "dashboard":
+        from .dashboard._cli import run as run_dashboard
+
+        return run_dashboard(args)
     if args.command == "doctor":
         from ._doctor import doctor
 

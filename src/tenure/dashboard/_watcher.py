@@ -1,0 +1,238 @@
+"""One look at the backend's leases, shared by every page and every browser.
+
+A single task scans the leases under the dashboard's prefix (``scan_leases``,
+the operations API) every ``interval`` seconds and keeps what it saw: the
+leases, the changes between two looks (``tenure watch``'s own
+:func:`~tenure._watch.changes`) and a short history per key. Pages and
+Server-Sent Events render from that, so the backend's load does not grow with
+the number of browsers, and a browser gets at most one update per look
+however busy the backend is. When a scan takes long (a large key space), the
+pause after it grows so that scanning stays under a quarter of the time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from .._contract import LeaseRecord
+from .._errors import TenureError
+from .._watch import Change, Seen, changes
+
+__all__ = ["STATES", "Event", "LeaseFilter", "LeaseRow", "LeaseWatcher", "Shared"]
+
+#: The renewal health a lease can be filtered by.
+STATES = ("ok", "stalled", "expiring")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing the dashboard saw happen to a key (wall-clock seconds)."""
+
+    at: float
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """A live lease as a page shows it: ``ttl_ms`` is counted to the moment it is shown."""
+
+    key: str
+    owner: str
+    token: int
+    ttl_ms: int
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseFilter:
+    """What the leases page shows: the query string of its URL, so it survives a reload."""
+
+    prefix: str = ""
+    owner: str = ""
+    state: str = ""
+    page: int = 1
+
+    def matches(self, row: LeaseRow) -> bool:
+        return (
+            row.key.startswith(self.prefix)
+            and self.owner in row.owner
+            and (not self.state or row.state == self.state)
+        )
+
+    def query(self, **changed: Any) -> dict[str, str]:
+        """The URL parameters of this filter (with ``changed``), empty ones left out."""
+        values: dict[str, Any] = {
+            "prefix": self.prefix,
+            "owner": self.owner,
+            "state": self.state,
+            "page": self.page,
+        }
+        values.update(changed)
+        if values["page"] == 1:
+            del values["page"]
+        return {name: str(value) for name, value in values.items() if value}
+
+
+class LeaseWatcher:
+    """The shared poller; :meth:`run` is its task (see the module docstring)."""
+
+    def __init__(
+        self,
+        backend: Any,
+        prefix: str = "",
+        interval: float = 0.5,
+        *,
+        keys_remembered: int = 10_000,
+        events_per_key: int = 50,
+    ) -> None:
+        self._backend = backend
+        self.prefix = prefix
+        self.interval = interval
+        self.known: dict[str, Seen] = {}
+        self._sorted: list[str] = []
+        self.version = 0
+        self.scans = 0
+        self.last_scan_s = 0.0
+        self.error: str | None = None
+        self.ready = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._history: OrderedDict[str, deque[Event]] = OrderedDict()
+        self._keys_remembered = keys_remembered
+        self._events_per_key = events_per_key
+
+    # -- the task --------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await self.look()
+            except TenureError as exc:
+                self.error = str(exc)
+                self._bump()
+            finally:
+                self.ready.set()
+            took = time.monotonic() - started
+            await asyncio.sleep(max(self.interval - took, 3 * took))
+
+    async def look(self) -> None:
+        """One scan, its changes recorded and every waiting browser woken."""
+        at = time.monotonic()
+        now = {key: record async for key, record in self._backend.scan_leases(self.prefix)}
+        done = time.monotonic()
+        found, after = changes(self.known, now, at, done)
+        if not self.scans:  # held before the dashboard looked: not a grant it saw
+            found = [
+                Change("seen", key, f"held by {record.owner} (token {record.token})")
+                for key, record in now.items()
+            ]
+        if after.keys() != self.known.keys():
+            self._sorted = sorted(after)
+        self.known = after
+        self.scans += 1
+        self.last_scan_s = done - at
+        self.error = None
+        wall = time.time()
+        for change in found:
+            self.note(change.key, change.kind, change.text, wall)
+        self._bump()
+
+    def _bump(self) -> None:
+        self.version += 1
+        woken, self._changed = self._changed, asyncio.Event()
+        woken.set()
+
+    async def wait_change(self, version: int, timeout: float) -> int:
+        """The version after ``version``, or ``version`` again after ``timeout`` seconds."""
+        if self.version == version:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+        return self.version
+
+    # -- history -----------------------------------------------------------------
+
+    def note(self, key: str, kind: str, text: str, at: float | None = None) -> None:
+        """Remember that ``kind`` happened to ``key`` (the oldest keys are forgotten first)."""
+        events = self._history.get(key)
+        if events is None:
+            events = self._history[key] = deque(maxlen=self._events_per_key)
+            while len(self._history) > self._keys_remembered:
+                self._history.popitem(last=False)
+        else:
+            self._history.move_to_end(key)
+        events.append(Event(time.time() if at is None else at, kind, text))
+
+    def history(self, key: str) -> list[Event]:
+        """What the dashboard saw happen to ``key``, newest first."""
+        return list(reversed(self._history.get(key, ())))
+
+    # -- reading -------------------------------------------------------------------
+
+    def row(self, key: str, now: float | None = None) -> LeaseRow | None:
+        seen = self.known.get(key)
+        return None if seen is None else _row(key, seen, self.interval, now or time.monotonic())
+
+    def rows(self, keys: Iterable[str], now: float | None = None) -> Iterable[LeaseRow]:
+        at = now or time.monotonic()
+        for key in keys:
+            seen = self.known.get(key)
+            if seen is not None:
+                yield _row(key, seen, self.interval, at)
+
+    def select(self, chosen: LeaseFilter, size: int) -> tuple[list[LeaseRow], int]:
+        """Page ``chosen.page`` (``size`` rows, by key) of the leases ``chosen`` matches,
+        and how many it matches."""
+        keys = self._sorted
+        if chosen.prefix:
+            low = bisect.bisect_left(keys, chosen.prefix)
+            high = low
+            while high < len(keys) and keys[high].startswith(chosen.prefix):
+                high += 1
+            keys = keys[low:high]
+        first = (chosen.page - 1) * size
+        if not chosen.owner and not chosen.state:
+            return list(self.rows(keys[first : first + size])), len(keys)
+        matching = [row for row in self.rows(keys) if chosen.matches(row)]
+        return matching[first : first + size], len(matching)
+
+
+def _row(key: str, seen: Seen, interval: float, now: float) -> LeaseRow:
+    record: LeaseRecord = seen.record
+    left = max(0, int(record.ttl_ms - (now - seen.at) * 1000))
+    if not seen.stalled:
+        state = "ok"
+    elif left < max(1000, 2000 * interval):
+        state = "expiring"
+    else:
+        state = "stalled"
+    return LeaseRow(key, record.owner, record.token, left, state)
+
+
+class Shared(Generic[T]):
+    """A value read from the backend at most once per ``max_age`` seconds, however
+    many pages ask for it (one read at a time; the others wait for it)."""
+
+    def __init__(self, read: Callable[[], Awaitable[T]], max_age: float) -> None:
+        self._read = read
+        self._max_age = max_age
+        self._value: tuple[float, T] | None = None
+        self._lock = asyncio.Lock()
+        self.reads = 0
+
+    async def get(self) -> T:
+        async with self._lock:
+            if self._value is None or time.monotonic() - self._value[0] >= self._max_age:
+                value = await self._read()
+                self.reads += 1
+                self._value = (time.monotonic(), value)
+            return self._value[1]
