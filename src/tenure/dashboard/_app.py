@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import jinja2
 import markupsafe
 from starlette.applications import Starlette
-from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
@@ -218,8 +217,8 @@ def create_app(settings: DashboardSettings) -> Starlette:
     async def revoke(request: Request) -> Response:
         form = await acting(request)
         key = check_name(form.get("k", ""), "key")
-        token = _token(str(form.get("token", "")))
-        revoked = await revoke_one(request, key, token, str(form.get("owner", "")))
+        token = _token(form.get("token", ""))
+        revoked = await revoke_one(request, key, token, form.get("owner", ""))
         done = "revoked" if revoked else "unchanged"
         return RedirectResponse(f"/key?{urlencode({'k': key, 'done': done})}", status_code=303)
 
@@ -266,33 +265,28 @@ def create_app(settings: DashboardSettings) -> Starlette:
     async def bulk_revoke(request: Request) -> Response:
         form = await acting(request)
         chosen = LeaseFilter(
-            str(form.get("prefix", "")),
-            str(form.get("owner_filter", "")),
-            str(form.get("state", "")),
+            form.get("prefix", ""), form.get("owner_filter", ""), form.get("state", "")
         )
         keys, tokens, owners = form.getlist("k"), form.getlist("token"), form.getlist("owner")
         if not len(keys) == len(tokens) == len(owners) or len(keys) > BULK_MOST:
             raise InvalidArgument("the bulk revoke's list of leases is malformed")
         done = []
         for key, token, owner in zip(keys, tokens, owners, strict=True):
-            checked_key, checked_token = check_name(str(key), "key"), _token(str(token))
-            revoked = await revoke_one(request, checked_key, checked_token, str(owner), chosen)
-            done.append((checked_key, str(owner), checked_token, revoked))
+            checked_key, checked_token = check_name(key, "key"), _token(token)
+            revoked = await revoke_one(request, checked_key, checked_token, owner, chosen)
+            done.append((checked_key, owner, checked_token, revoked))
         count = sum(outcome for *_, outcome in done)
         return page(request, "bulk_done.html", view="bulk", filter=chosen, done=done, revoked=count)
 
-    async def acting(request: Request) -> FormData:
+    async def acting(request: Request) -> _Form:
         """The action's form, once the dashboard may act and the CSRF token is right."""
         if settings.read_only:
             raise _Refused(403, "this dashboard is read-only")
         origin = request.headers.get("origin")
         if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
             raise _Refused(403, "refused: the request comes from another site")
-        form = await request.form()
-        token = form.get(Csrf.FIELD)
-        if not csrf.check(
-            request.cookies.get(Csrf.COOKIE), token if isinstance(token, str) else None
-        ):
+        form = await _read_form(request)
+        if not csrf.check(request.cookies.get(Csrf.COOKIE), form.get(Csrf.FIELD)):
             raise _Refused(403, "refused: missing or wrong CSRF token (reload the page and retry)")
         return form
 
@@ -371,6 +365,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
             state.clients += 1
             try:
                 version = state.watcher.version
+                last = ""
                 yield "retry: 1000\n\n"
                 while True:
                     seen = await state.watcher.wait_change(version, KEEPALIVE_S)
@@ -382,6 +377,9 @@ def create_app(settings: DashboardSettings) -> Starlette:
                         html = await fragment(view, request)
                     except TenureError as exc:
                         html = f"<p class=error>{_escape(str(exc))}</p>"
+                    if html == last:
+                        continue
+                    last = html
                     yield (
                         "event: update\n"
                         + "".join(f"data: {line}\n" for line in html.split("\n"))
@@ -428,6 +426,39 @@ def create_app(settings: DashboardSettings) -> Starlette:
     if settings.credentials is not None:
         app.add_middleware(_Authenticate, credentials=settings.credentials)
     return app
+
+
+#: The largest form an action takes (a bulk revoke of BULK_MOST long keys fits).
+_FORM_MOST = 4 << 20
+
+
+class _Form:
+    """An action's urlencoded form (parsed here: no multipart parser needed)."""
+
+    def __init__(self, pairs: list[tuple[str, str]]) -> None:
+        self._pairs = pairs
+
+    def get(self, name: str, default: str = "") -> str:
+        return next((value for field, value in self._pairs if field == name), default)
+
+    def getlist(self, name: str) -> list[str]:
+        return [value for field, value in self._pairs if field == name]
+
+
+async def _read_form(request: Request) -> _Form:
+    kind = request.headers.get("content-type", "").partition(";")[0].strip()
+    if kind != "application/x-www-form-urlencoded":
+        raise _Refused(415, "an action takes a form (application/x-www-form-urlencoded)")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _FORM_MOST:
+            raise _Refused(413, "the form is too large")
+    try:
+        pairs = parse_qsl(body.decode(), keep_blank_values=True, strict_parsing=False)
+    except UnicodeDecodeError:
+        raise InvalidArgument("the form is not UTF-8") from None
+    return _Form(pairs)
 
 
 class _Refused(Exception):
