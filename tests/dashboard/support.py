@@ -36,6 +36,7 @@ class Dashboard:
     def __init__(
         self, url: str, *args: str, auth: str | None = None, interval: float = 0.2
     ) -> None:
+        self.said: str | None = None
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if k != AUTH_ENV}
@@ -60,10 +61,10 @@ class Dashboard:
             time.sleep(0.05)
 
     def output(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        assert self.proc.stdout is not None
-        return self.proc.stdout.read().decode(errors="replace")
+        """What the dashboard printed, once it has stopped."""
+        if self.said is None and self.proc.poll() is not None and self.proc.stdout is not None:
+            self.said = self.proc.stdout.read().decode(errors="replace")
+        return "(still running)" if self.said is None else self.said
 
     def __enter__(self) -> Self:
         self.wait_ready()
@@ -79,6 +80,7 @@ class Dashboard:
             self.proc.kill()
             self.proc.wait()
         if self.proc.stdout is not None:
+            self.said = self.proc.stdout.read().decode(errors="replace")
             self.proc.stdout.close()
 
 
