@@ -81,7 +81,6 @@ class _State:
         self.watcher = LeaseWatcher(backend, settings.prefix, settings.interval)
         self.threads: dict[str, Shared[list[ThreadStatus]]] = {}
         self.doctor = Shared(self._diagnose, max_age=10.0)
-        self.clients = 0
 
     def threads_of(self, namespace: str) -> Shared[list[ThreadStatus]]:
         shared = self.threads.get(namespace)
@@ -188,14 +187,14 @@ def create_app(settings: DashboardSettings) -> Starlette:
         }
 
     async def leases(request: Request) -> Response:
-        await holder["state"].watcher.ready.wait()
+        await holder["state"].watcher.fresh()
         chosen = lease_filter(request)
         return page(request, "leases.html", view="leases", **leases_values(chosen))
 
     async def key_page(request: Request) -> Response:
         key = check_name(request.query_params.get("k", ""), "key")
         watcher = holder["state"].watcher
-        await watcher.ready.wait()
+        await watcher.fresh()
         return page(
             request,
             "key.html",
@@ -246,7 +245,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
     async def bulk_dry_run(request: Request) -> Response:
         chosen = lease_filter(request)
         state = holder["state"]
-        await state.watcher.ready.wait()
+        await state.watcher.fresh()
         found: list[LeaseRow] = []
         more = 0
         prefix = chosen.prefix if chosen.prefix.startswith(settings.prefix) else settings.prefix
@@ -311,7 +310,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
             "scans": watcher.scans,
             "last scan": f"{watcher.last_scan_s * 1000:.0f} ms",
             "scan interval": f"{settings.interval:g} s",
-            "live browsers": state.clients,
+            "live pages": watcher.viewers,
         }
         counters.update({name: read() for name, read in settings.counters.items()})
         return page(request, "health.html", view="health", findings=findings, counters=counters)
@@ -328,7 +327,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
             {
                 "scans": state.watcher.scans,
                 "live": len(state.watcher.known),
-                "clients": state.clients,
+                "live_pages": state.watcher.viewers,
                 "last_scan_ms": round(state.watcher.last_scan_s * 1000, 1),
             }
         )
@@ -362,7 +361,8 @@ def create_app(settings: DashboardSettings) -> Starlette:
         state = holder["state"]
 
         async def stream() -> AsyncIterator[str]:
-            state.clients += 1
+            state.watcher.viewers += 1
+            state.watcher.watched()
             try:
                 version = state.watcher.version
                 last = ""
@@ -387,7 +387,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
                     )
                     await asyncio.sleep(MIN_GAP_S)
             finally:
-                state.clients -= 1
+                state.watcher.viewers -= 1
 
         return StreamingResponse(
             stream(),

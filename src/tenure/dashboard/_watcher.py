@@ -6,7 +6,13 @@ leases, the changes between two looks (``tenure watch``'s own
 :func:`~tenure._watch.changes`) and a short history per key. Pages and
 Server-Sent Events render from that, so the backend's load does not grow with
 the number of browsers, and a browser gets at most one update per look
-however busy the backend is. When a scan takes long (a large key space), the
+however busy the backend is.
+
+It looks every ``interval`` while a page is open (a live page connected, or
+a page served in the last ``WATCHED_S`` seconds), and every
+``idle_interval`` otherwise, so a dashboard nobody looks at costs the
+backend one scan every few seconds. A page asked for after such a pause
+waits for a fresh look. When a scan takes long (a large key space), the
 pause after it grows so that scanning stays under a quarter of the time.
 """
 
@@ -26,6 +32,9 @@ from .._errors import TenureError
 from .._watch import Change, Seen, changes
 
 __all__ = ["STATES", "Event", "LeaseFilter", "LeaseRow", "LeaseWatcher", "Shared"]
+
+#: A page served keeps the watcher at its fast pace for this long.
+WATCHED_S = 10.0
 
 #: The renewal health a lease can be filtered by.
 STATES = ("ok", "stalled", "expiring")
@@ -92,12 +101,19 @@ class LeaseWatcher:
         prefix: str = "",
         interval: float = 0.5,
         *,
+        idle_interval: float | None = None,
         keys_remembered: int = 10_000,
         events_per_key: int = 50,
     ) -> None:
         self._backend = backend
         self.prefix = prefix
         self.interval = interval
+        self.idle_interval = max(interval, 5.0) if idle_interval is None else idle_interval
+        #: Live pages connected now (Server-Sent Events).
+        self.viewers = 0
+        self._watched_until = 0.0
+        self._wake = asyncio.Event()
+        self.looked_at = 0.0
         self.known: dict[str, Seen] = {}
         self._sorted: list[str] = []
         self.version = 0
@@ -123,7 +139,25 @@ class LeaseWatcher:
             finally:
                 self.ready.set()
             took = time.monotonic() - started
-            await asyncio.sleep(max(self.interval - took, 3 * took))
+            watched = self.viewers or time.monotonic() < self._watched_until
+            pace = self.interval if watched else self.idle_interval
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(pace - took, 3 * took))
+
+    def watched(self) -> None:
+        """A page is being looked at: look at the fast pace (at once, after a slow pause)."""
+        now = time.monotonic()
+        if now >= self._watched_until:
+            self._wake.set()
+        self._watched_until = now + WATCHED_S
+
+    async def fresh(self) -> None:
+        """Once the last look is recent (at most two intervals old), after a new one if need be."""
+        await self.ready.wait()
+        self.watched()
+        if time.monotonic() - self.looked_at > 2 * self.interval:
+            await self.wait_change(self.version, 2 * self.idle_interval)
 
     async def look(self) -> None:
         """One scan, its changes recorded and every waiting browser woken."""
@@ -141,6 +175,7 @@ class LeaseWatcher:
         self.known = after
         self.scans += 1
         self.last_scan_s = done - at
+        self.looked_at = at
         self.error = None
         wall = time.time()
         for change in found:
