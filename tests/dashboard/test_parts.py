@@ -141,3 +141,19 @@ def test_the_audit_log_appends_json_lines(tmp_path: Path) -> None:
     assert AuditLog(None).lines() == ""
     with pytest.raises(ConfigurationError, match="cannot append"):
         AuditLog(tmp_path / "missing" / "audit.jsonl")
+
+
+@pytest.mark.asyncio
+async def test_a_revoke_made_here_leaves_the_pages_at_once() -> None:
+    async with from_url("memory://") as backend:
+        first = await backend.acquire_lease("k", "w", 60_000)
+        assert first.token is not None
+        watcher = LeaseWatcher(backend)
+        await watcher.look()
+        version = watcher.version
+        watcher.revoked("k", first.token + 1, "revoked by ops (token 2)")  # not the lease shown
+        assert watcher.row("k") is not None
+        watcher.revoked("k", first.token, "revoked by ops (token 1)")
+        assert watcher.row("k") is None and watcher.select(LeaseFilter(), 10) == ([], 0)
+        assert watcher.version == version + 2
+        assert [e.kind for e in watcher.history("k")] == ["revoked", "revoked", "seen"]

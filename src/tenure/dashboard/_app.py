@@ -187,14 +187,14 @@ def create_app(settings: DashboardSettings) -> Starlette:
         }
 
     async def leases(request: Request) -> Response:
-        await holder["state"].watcher.fresh()
+        await holder["state"].watcher.ready_for_a_page()
         chosen = lease_filter(request)
         return page(request, "leases.html", view="leases", **leases_values(chosen))
 
     async def key_page(request: Request) -> Response:
         key = check_name(request.query_params.get("k", ""), "key")
         watcher = holder["state"].watcher
-        await watcher.fresh()
+        await watcher.ready_for_a_page()
         return page(
             request,
             "key.html",
@@ -239,13 +239,13 @@ def create_app(settings: DashboardSettings) -> Starlette:
             entry["filter"] = chosen.query(page=1)
         audit.write(**entry)
         if revoked:
-            state.watcher.note(key, "revoked", f"revoked by {entry['who']} (token {token})")
+            state.watcher.revoked(key, token, f"revoked by {entry['who']} (token {token})")
         return revoked
 
     async def bulk_dry_run(request: Request) -> Response:
         chosen = lease_filter(request)
         state = holder["state"]
-        await state.watcher.fresh()
+        await state.watcher.ready_for_a_page()
         found: list[LeaseRow] = []
         more = 0
         prefix = chosen.prefix if chosen.prefix.startswith(settings.prefix) else settings.prefix

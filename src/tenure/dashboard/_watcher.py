@@ -11,8 +11,9 @@ however busy the backend is.
 It looks every ``interval`` while a page is open (a live page connected, or
 a page served in the last ``WATCHED_S`` seconds), and every
 ``idle_interval`` otherwise, so a dashboard nobody looks at costs the
-backend one scan every few seconds. A page asked for after such a pause
-waits for a fresh look. When a scan takes long (a large key space), the
+backend one scan every few seconds. A page asked for after such a pause is
+rendered at once from the last look, and the look it wakes reaches it as a
+live update. When a scan takes long (a large key space), the
 pause after it grows so that scanning stays under a quarter of the time.
 """
 
@@ -152,12 +153,11 @@ class LeaseWatcher:
             self._wake.set()
         self._watched_until = now + WATCHED_S
 
-    async def fresh(self) -> None:
-        """Once the last look is recent (at most two intervals old), after a new one if need be."""
+    async def ready_for_a_page(self) -> None:
+        """Once there is a first look; a page is rendered from the last one at once
+        (its TTLs counted to now), and its live updates bring the next."""
         await self.ready.wait()
         self.watched()
-        if time.monotonic() - self.looked_at > 2 * self.interval:
-            await self.wait_change(self.version, 2 * self.idle_interval)
 
     async def look(self) -> None:
         """One scan, its changes recorded and every waiting browser woken."""
@@ -206,6 +206,16 @@ class LeaseWatcher:
         else:
             self._history.move_to_end(key)
         events.append(Event(time.time() if at is None else at, kind, text))
+
+    def revoked(self, key: str, token: int, text: str) -> None:
+        """``key``'s lease carrying ``token`` was revoked here: pages stop showing it now,
+        not at the next look."""
+        self.note(key, "revoked", text)
+        seen = self.known.get(key)
+        if seen is not None and seen.record.token == token:
+            self.known = {k: v for k, v in self.known.items() if k != key}
+            self._sorted = [k for k in self._sorted if k != key]
+        self._bump()
 
     def history(self, key: str) -> list[Event]:
         """What the dashboard saw happen to ``key``, newest first."""
