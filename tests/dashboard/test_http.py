@@ -16,7 +16,7 @@ from tenure.runtime._names import ThreadNames
 from tests.conftest import TARGETS
 from tests.support.redis_server import RedisServer
 
-from .support import ROOT, Client, Dashboard, csrf_of
+from .support import ROOT, Client, Dashboard, csrf_of, until
 
 TOKEN = "s3cret-bearer-token-0123456789"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
@@ -169,6 +169,14 @@ async def test_threads_health_and_the_audit_file(sqlite_url: str, tmp_path: Path
             assert run.token is not None
             fields = _revoke_fields(confirm, key, run.token)
             assert (await asyncio.to_thread(client.post, "/revoke", fields))[0] == 200
+            # Another process takes the thread: the page shows the hand-over it saw.
+            await backend.acquire_lease(key, "host:2/s8.0", 60_000)
+
+            async def handed_over() -> bool:
+                _, page = await asyncio.to_thread(client.get, "/threads?ns=app.agents")
+                return "host:2/s8.0" in page and "s without owner" in page
+
+            await until(handed_over)
     (entry,) = [json.loads(line) for line in audit.read_text().splitlines()]
     assert (entry["key"], entry["token"], entry["who"]) == (key, run.token, "local")
 

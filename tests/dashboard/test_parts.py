@@ -13,7 +13,14 @@ import pytest
 from tenure import ConfigurationError, from_url
 from tenure.dashboard._audit import AuditLog
 from tenure.dashboard._security import Credentials, Csrf, is_loopback, load_credentials
-from tenure.dashboard._watcher import LeaseFilter, LeaseWatcher, Shared
+from tenure.dashboard._watcher import (
+    Event,
+    Handover,
+    LeaseFilter,
+    LeaseWatcher,
+    Shared,
+    last_handover,
+)
 
 
 def _basic(user: str, password: str) -> str:
@@ -157,3 +164,17 @@ async def test_a_revoke_made_here_leaves_the_pages_at_once() -> None:
         assert watcher.row("k") is None and watcher.select(LeaseFilter(), 10) == ([], 0)
         assert watcher.version == version + 2
         assert [e.kind for e in watcher.history("k")] == ["revoked", "revoked", "seen"]
+
+
+def test_the_last_handover_seen() -> None:
+    def events(*kinds: tuple[float, str]) -> list[Event]:
+        return [Event(at, kind, "") for at, kind in reversed(kinds)]
+
+    assert last_handover(events((1, "seen"))) is None
+    assert last_handover(events((1, "seen"), (5, "expired"), (7.5, "granted"))) == Handover(
+        7.5, "granted", 2.5
+    )
+    assert last_handover(events((1, "seen"), (3, "transferred"), (4, "stalled"))) == Handover(
+        3, "transferred", 0.0
+    )
+    assert last_handover(events((1, "granted"), (2, "regranted"))) == Handover(2, "regranted", None)

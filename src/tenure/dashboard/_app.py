@@ -45,7 +45,7 @@ from ..runtime._names import ThreadNames
 from ..runtime._status import ThreadStatus, thread_statuses
 from ._audit import AuditLog
 from ._security import Credentials, Csrf
-from ._watcher import STATES, LeaseFilter, LeaseRow, LeaseWatcher, Shared
+from ._watcher import STATES, LeaseFilter, LeaseRow, LeaseWatcher, Shared, last_handover
 
 __all__ = ["DashboardSettings", "create_app"]
 
@@ -296,10 +296,23 @@ def create_app(settings: DashboardSettings) -> Starlette:
         ThreadNames(namespace)
         return namespace
 
+    def threads_values(namespace: str, found: list[ThreadStatus]) -> dict[str, Any]:
+        names = ThreadNames(namespace)
+        watcher = holder["state"].watcher
+        leases = {t.thread_key: names.name(t.thread_key) for t in found}
+        handovers = {key: last_handover(watcher.history(name)) for key, name in leases.items()}
+        return {"threads": found, "leases": leases, "handovers": handovers}
+
     async def threads(request: Request) -> Response:
         namespace = namespace_of(request)
         found = await holder["state"].threads_of(namespace).get()
-        return page(request, "threads.html", view="threads", namespace=namespace, threads=found)
+        return page(
+            request,
+            "threads.html",
+            view="threads",
+            namespace=namespace,
+            **threads_values(namespace, found),
+        )
 
     async def health(request: Request) -> Response:
         state = holder["state"]
@@ -352,7 +365,9 @@ def create_app(settings: DashboardSettings) -> Starlette:
         if view == "threads":
             namespace = namespace_of(request)
             found = await state.threads_of(namespace).get()
-            return templates.get_template("_threads_rows.html").render(threads=found)
+            return templates.get_template("_threads_rows.html").render(
+                **threads_values(namespace, found)
+            )
         raise InvalidArgument(f"no live view {view!r}")
 
     async def events(request: Request) -> Response:

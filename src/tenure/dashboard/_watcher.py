@@ -32,7 +32,16 @@ from .._contract import LeaseRecord
 from .._errors import TenureError
 from .._watch import Change, Seen, changes
 
-__all__ = ["STATES", "Event", "LeaseFilter", "LeaseRow", "LeaseWatcher", "Shared"]
+__all__ = [
+    "STATES",
+    "Event",
+    "Handover",
+    "LeaseFilter",
+    "LeaseRow",
+    "LeaseWatcher",
+    "Shared",
+    "last_handover",
+]
 
 #: A page served keeps the watcher at its fast pace for this long.
 WATCHED_S = 10.0
@@ -91,6 +100,36 @@ class LeaseFilter:
         if values["page"] == 1:
             del values["page"]
         return {name: str(value) for name, value in values.items() if value}
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """A key's last change of holder as the dashboard saw it: when the new holder
+    was seen, and how long the key looked unowned before (``None``: not seen)."""
+
+    at: float
+    kind: str
+    unowned_s: float | None
+
+
+_TAKEN = ("granted", "transferred", "regranted")
+_FREED = ("released", "expired", "revoked")
+
+
+def last_handover(events: list[Event]) -> Handover | None:
+    """The last hand-over in ``events`` (newest first, as :meth:`LeaseWatcher.history`)."""
+    for i, event in enumerate(events):
+        if event.kind not in _TAKEN:
+            continue
+        if event.kind == "transferred":
+            return Handover(event.at, event.kind, 0.0)
+        for older in events[i + 1 :]:
+            if older.kind in _FREED:
+                return Handover(event.at, event.kind, event.at - older.at)
+            if older.kind in _TAKEN:
+                break
+        return Handover(event.at, event.kind, None)
+    return None
 
 
 class LeaseWatcher:
