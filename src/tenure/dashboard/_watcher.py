@@ -159,6 +159,8 @@ class LeaseWatcher:
         self.version = 0
         self.scans = 0
         self.last_scan_s = 0.0
+        #: Seconds spent scanning since the start (the backend's share of the time).
+        self.scanning_s = 0.0
         self.error: str | None = None
         self.ready = asyncio.Event()
         self._changed = asyncio.Event()
@@ -214,6 +216,7 @@ class LeaseWatcher:
         self.known = after
         self.scans += 1
         self.last_scan_s = done - at
+        self.scanning_s += done - at
         self.looked_at = at
         self.error = None
         wall = time.time()
