@@ -209,3 +209,26 @@ async def test_listing_and_revoking_on(kind: str, unique: str, tmp_path: Path) -
     finally:
         if target.cleanup is not None:
             target.cleanup(unique)
+
+
+@pytest.mark.asyncio
+async def test_a_key_with_a_carriage_return_keeps_the_live_updates_whole(sqlite_url: str) -> None:
+    async with from_url(sqlite_url) as backend:
+        with Dashboard(sqlite_url) as dashboard:
+            reader, writer = await asyncio.open_connection("127.0.0.1", dashboard.port)
+            writer.write(b"GET /events?view=leases HTTP/1.0\r\n\r\n")  # no chunks
+            await writer.drain()
+            await backend.acquire_lease("odd\revent: other\rkey", "w", 60_000)
+            lines: list[bytes] = []
+            try:
+                while b"odd" not in b"".join(lines):
+                    lines.append(await asyncio.wait_for(reader.readline(), 30))
+                while (line := await asyncio.wait_for(reader.readline(), 30)) not in (b"\n", b""):
+                    lines.append(line)
+            finally:
+                writer.close()
+            event = b"".join(lines).split(b"event: update\n")[-1]
+            # Every line of the event is data (a CR would have started a field of its own).
+            assert b"\r" not in event
+            assert all(line.startswith(b"data: ") for line in event.splitlines())
+            assert b"odd&#13;event: other&#13;key" in event

@@ -164,7 +164,9 @@ class Pages:
                 if html == last:
                     continue
                 last = html
-                yield "event: update\n" + "".join(f"data: {line}\n" for line in html.split("\n"))
+                # An event's lines end at CR as well as LF: a CR in a key must not end one.
+                lines = html.replace("\r", "&#13;").split("\n")
+                yield "event: update\n" + "".join(f"data: {line}\n" for line in lines)
                 yield "\n"
                 await asyncio.sleep(MIN_GAP_S)
         finally:
