@@ -30,7 +30,7 @@ from typing import Any, Generic, TypeVar
 
 from .._contract import LeaseRecord
 from .._errors import TenureError
-from .._watch import Change, Seen, changes
+from .._watch import Seen, changes
 
 __all__ = [
     "STATES",
@@ -165,6 +165,8 @@ class LeaseWatcher:
         self.ready = asyncio.Event()
         self._changed = asyncio.Event()
         self._history: OrderedDict[str, deque[Event]] = OrderedDict()
+        #: The first look (wall time, leases): what was held before the dashboard started.
+        self._first: tuple[float, dict[str, LeaseRecord]] = (0.0, {})
         self._keys_remembered = keys_remembered
         self._events_per_key = events_per_key
 
@@ -205,12 +207,11 @@ class LeaseWatcher:
         at = time.monotonic()
         now = {key: record async for key, record in self._backend.scan_leases(self.prefix)}
         done = time.monotonic()
-        found, after = changes(self.known, now, at, done)
-        if not self.scans:  # held before the dashboard looked: not a grant it saw
-            found = [
-                Change("seen", key, f"held by {record.owner} (token {record.token})")
-                for key, record in now.items()
-            ]
+        if self.scans:
+            found, after = changes(self.known, now, at, done)
+        else:  # held before the dashboard looked: not grants it saw (history() says so)
+            found, after = [], {key: Seen(record, at, record.ttl_ms) for key, record in now.items()}
+            self._first = (time.time(), now)
         if after.keys() != self.known.keys():
             self._sorted = sorted(after)
         self.known = after
@@ -261,7 +262,12 @@ class LeaseWatcher:
 
     def history(self, key: str) -> list[Event]:
         """What the dashboard saw happen to ``key``, newest first."""
-        return list(reversed(self._history.get(key, ())))
+        events = list(reversed(self._history.get(key, ())))
+        at, first = self._first
+        record = first.get(key)
+        if record is not None and len(events) < self._events_per_key:
+            events.append(Event(at, "seen", f"held by {record.owner} (token {record.token})"))
+        return events
 
     # -- reading -------------------------------------------------------------------
 
