@@ -89,7 +89,15 @@ async def main() -> None:
                 await page.screenshot(path=DOCS / "dashboard-key.png")
                 await page.goto(base + "/bulk?prefix=jobs%2F&owner=billing")
                 await page.screenshot(path=DOCS / "dashboard-bulk.png")
+                # A thread changes hands, with a moment without an owner between.
+                thread = ThreadNames("support.agents").name("ticket-4812")
+                record = await backend.get_lease(thread)
+                assert record is not None
+                await backend.revoke_lease(thread, record.token)
+                await asyncio.sleep(1.5)
+                await backend.acquire_lease(thread, "agents-3:902/s1.0", 20_000)
                 await page.goto(base + "/threads?ns=support.agents")
+                await page.wait_for_selector("td.handover:has-text('without owner')")
                 await page.screenshot(path=DOCS / "dashboard-threads.png")
                 await page.goto(base + "/health")
                 await page.screenshot(path=DOCS / "dashboard-health.png")
