@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -233,3 +234,30 @@ async def test_a_key_with_a_carriage_return_keeps_the_live_updates_whole(sqlite_
             assert b"\r" not in event
             assert all(line.startswith(b"data: ") for line in event.splitlines())
             assert b"odd&#13;event: other&#13;key" in event
+
+
+def _dashboard_exit(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tenure", "dashboard", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_an_unreachable_backend_is_one_line_without_its_password() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens on it: bound, never listening
+        done = _dashboard_exit("--url", f"redis://:pw-never-printed@127.0.0.1:{port}/0")
+    assert done.returncode == 69, done.stderr
+    assert done.stderr.startswith("tenure dashboard: ") and "Traceback" not in done.stderr
+    assert "pw-never-printed" not in done.stderr + done.stdout
+    assert "redis://:***@127.0.0.1" in done.stderr
+
+
+@pytest.mark.parametrize("interval", ["nan", "0", "-1", "inf"])
+def test_a_bad_interval_is_refused(sqlite_url: str, interval: str) -> None:
+    done = _dashboard_exit("--url", sqlite_url, "--interval", interval)
+    assert done.returncode == 2 and "interval must be above 0" in done.stderr

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
 
-from .._errors import ConfigurationError, InvalidArgument
-from .._url import default_url, redact_url
+from .._contract import Capability, capabilities_of
+from .._errors import BackendUnavailable, ConfigurationError, InvalidArgument
+from .._url import default_url, from_url, redact_url
 from ._security import AUTH_ENV, is_loopback, load_credentials
 
 __all__ = ["add_parser", "run"]
 
 EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69
 
 
 def add_parser(commands: Any, url_help: str) -> None:
@@ -53,7 +56,8 @@ def add_parser(commands: Any, url_help: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted; 2 on a refused configuration."""
+    """Serve until interrupted; 2 on a refused configuration, 69 when the backend
+    cannot be reached or cannot list leases."""
     try:
         from ._app import DashboardSettings, create_app
     except ImportError as exc:
@@ -87,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigurationError, InvalidArgument) as exc:
         print(f"tenure dashboard: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        asyncio.run(_check_backend(url, args.prefix))
+    except (BackendUnavailable, ConfigurationError, InvalidArgument) as exc:
+        print(f"tenure dashboard: {exc} (backend {redact_url(url)})", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     mode = " (read-only)" if args.read_only else ""
     print(
         f"tenure dashboard{mode}: {redact_url(url)} on http://{args.host}:{args.port}/",
@@ -96,4 +105,13 @@ def run(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     server = uvicorn.Server(config)
     server.run()
-    return 0 if server.started else 69
+    return 0 if server.started else EXIT_UNAVAILABLE
+
+
+async def _check_backend(url: str, prefix: str) -> None:
+    """Open the backend once before serving, so that a wrong URL is one line, not a traceback."""
+    async with from_url(url) as backend:
+        if Capability.OPERATIONS not in capabilities_of(backend):
+            raise ConfigurationError(f"{type(backend).__name__} cannot list or revoke leases")
+        async for _pair in backend.scan_leases(prefix, 1):
+            break

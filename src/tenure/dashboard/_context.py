@@ -55,8 +55,10 @@ class Refused(Exception):
 
 class Context:
     def __init__(self, settings: DashboardSettings) -> None:
-        if settings.interval <= 0:
-            raise InvalidArgument(f"interval must be above 0 seconds, got {settings.interval}")
+        if not 0 < settings.interval <= 3600:
+            raise InvalidArgument(
+                f"interval must be above 0 and at most 3600 seconds, got {settings.interval}"
+            )
         check_prefix(settings.prefix)
         self.settings = settings
         self.templates = _templates()
