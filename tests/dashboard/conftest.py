@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, async_playwright
+from playwright.async_api import Browser, async_playwright, expect
 
 from tests.conftest import TARGETS
 
 #: Debian's package ``chromium`` (scripts/setup); Playwright's own download is not used.
 CHROMIUM = "/usr/bin/chromium"
+
+# Conditions are waited for, never timed: the default 5 s is short on a loaded machine.
+expect.set_options(timeout=30_000)
 
 
 @pytest.fixture(scope="session")
