@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from pathlib import Path
 
@@ -178,3 +179,29 @@ def test_the_last_handover_seen() -> None:
         3, "transferred", 0.0
     )
     assert last_handover(events((1, "granted"), (2, "regranted"))) == Handover(2, "regranted", None)
+
+
+class _BrokenScan:
+    """A user's own backend whose scan fails with an error of its driver."""
+
+    def scan_leases(self, prefix: str = "", limit: int | None = None) -> object:
+        raise RuntimeError("driver says: password=hunter2 rejected")
+
+
+@pytest.mark.asyncio
+async def test_a_failing_look_keeps_the_watcher_running_and_shows_no_driver_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    watcher = LeaseWatcher(_BrokenScan(), interval=0.01, idle_interval=0.01)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await watcher.ready.wait()
+        version = watcher.version
+        assert await watcher.wait_change(version, 10) > version  # it looked again
+        assert watcher.error == "a look at the leases failed (RuntimeError); see the log"
+        assert not task.done()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert "a look at the leases failed" in caplog.text

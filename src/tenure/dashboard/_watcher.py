@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -42,6 +43,8 @@ __all__ = [
     "Shared",
     "last_handover",
 ]
+
+logger = logging.getLogger("tenure.dashboard")
 
 #: A page served keeps the watcher at its fast pace for this long.
 WATCHED_S = 10.0
@@ -179,6 +182,12 @@ class LeaseWatcher:
                 await self.look()
             except TenureError as exc:
                 self.error = str(exc)
+                self._bump()
+            except (
+                Exception
+            ) as exc:  # the pages must stay up and say so; a driver's text may hold a secret
+                logger.exception("tenure dashboard: a look at the leases failed")
+                self.error = f"a look at the leases failed ({type(exc).__name__}); see the log"
                 self._bump()
             finally:
                 self.ready.set()
