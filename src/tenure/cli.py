@@ -357,6 +357,19 @@ def _doctor(args: argparse.Namespace) -> int:
     return doctor(args.url)
 
 
+def _dashboard_parser(commands: Any) -> None:
+    from .dashboard._cli import add_parser
+
+    dashboard = add_parser(commands, _URL_HELP)
+    dashboard.set_defaults(handler=_dashboard, usage_error=dashboard.error)
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    from .dashboard._cli import run
+
+    return run(args)
+
+
 def _leases_list(args: argparse.Namespace) -> int:
     from ._operate import listing
 
@@ -394,6 +407,7 @@ _COMMANDS: tuple[Callable[[Any], None], ...] = (
     _threads_parser,
     _watch_parser,
     _doctor_parser,
+    _dashboard_parser,
 )
 
 

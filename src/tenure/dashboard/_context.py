@@ -1,0 +1,194 @@
+"""What the dashboard's pages and actions share: its settings, templates, CSRF
+key and audit log, and, once the app has started, the backend with the
+shared watcher and shared reads (threads, doctor)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+
+from .._errors import InvalidArgument
+from .._operate import _shown
+from .._url_options import redact_url
+from .._validate import check_prefix
+from ..runtime._names import ThreadNames
+from ..runtime._status import ThreadStatus, thread_statuses
+from ._audit import AuditLog
+from ._security import Credentials, Csrf
+from ._watcher import STATES, LeaseFilter, LeaseWatcher, Shared, last_handover
+
+__all__ = ["PAGE_SIZE", "Context", "DashboardSettings", "Refused", "parse_token", "who"]
+
+PAGE_SIZE = 50
+DEFAULT_NAMESPACE = "tenure.thread"
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    """What ``tenure dashboard`` was started with (the credentials are never shown)."""
+
+    url: str
+    prefix: str = ""
+    interval: float = 0.5
+    read_only: bool = False
+    credentials: Credentials | None = None
+    audit_path: Path | None = None
+    #: Extra things the Health page lists (name → value), e.g. telemetry counters.
+    counters: Mapping[str, Callable[[], object]] = field(default_factory=dict)
+
+
+class Refused(Exception):
+    """A request the dashboard will not serve; ``status`` is the HTTP status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Context:
+    def __init__(self, settings: DashboardSettings) -> None:
+        if not 0 < settings.interval <= 3600:
+            raise InvalidArgument(
+                f"interval must be above 0 and at most 3600 seconds, got {settings.interval}"
+            )
+        check_prefix(settings.prefix)
+        self.settings = settings
+        self.templates = _templates()
+        self.audit = AuditLog(settings.audit_path)
+        self.csrf = Csrf()
+        self.backend: Any = None
+        self.watcher = LeaseWatcher(None, settings.prefix, settings.interval)
+        self.doctor = Shared(self._diagnose, max_age=10.0)
+        self._threads: dict[str, Shared[list[ThreadStatus]]] = {}
+
+    def attach(self, backend: Any) -> LeaseWatcher:
+        """Read from ``backend`` from now on; returns the watcher to run."""
+        self.backend = backend
+        self.watcher = LeaseWatcher(backend, self.settings.prefix, self.settings.interval)
+        return self.watcher
+
+    # -- shared reads ----------------------------------------------------------
+
+    def threads_of(self, namespace: str) -> Shared[list[ThreadStatus]]:
+        shared = self._threads.get(namespace)
+        if shared is None:
+            names = ThreadNames(namespace)
+
+            async def read() -> list[ThreadStatus]:
+                return await thread_statuses(self.backend, self.backend, names)
+
+            shared = self._threads[namespace] = Shared(read, self.settings.interval)
+        return shared
+
+    async def _diagnose(self) -> list[Any]:
+        diagnose = getattr(self.backend, "diagnose", None)
+        return [] if diagnose is None else list(await diagnose())
+
+    # -- rendering ---------------------------------------------------------------
+
+    def page(self, request: Request, name: str, **values: Any) -> Response:
+        """Template ``name`` with what every page shows, and the browser's CSRF cookie."""
+        cookie = request.cookies.get(Csrf.COOKIE)
+        fresh = cookie is None
+        if cookie is None:
+            cookie = Csrf.new_cookie()
+        html = self.templates.get_template(name).render(
+            backend=redact_url(self.settings.url),
+            prefix=self.settings.prefix,
+            read_only=self.settings.read_only,
+            who=who(request),
+            csrf=self.csrf.token_for(cookie),
+            error=self.watcher.error,
+            **values,
+        )
+        response = HTMLResponse(html)
+        if fresh:
+            secure = request.url.scheme == "https"
+            response.set_cookie(
+                Csrf.COOKIE, cookie, httponly=True, samesite="strict", secure=secure
+            )
+        return response
+
+    def fragment(self, name: str, **values: Any) -> str:
+        """A live part of a page (sent by Server-Sent Events)."""
+        return self.templates.get_template(name).render(read_only=self.settings.read_only, **values)
+
+    def lease_filter(self, request: Request) -> LeaseFilter:
+        q = request.query_params
+        state = q.get("state", "")
+        if state and state not in STATES:
+            raise InvalidArgument(f"state must be one of {', '.join(STATES)}, got {state!r}")
+        prefix = q.get("prefix", "")
+        if prefix:
+            check_prefix(prefix)
+        return LeaseFilter(prefix, q.get("owner", ""), state, _page_number(q.get("page", "1")))
+
+    def leases_values(self, chosen: LeaseFilter) -> dict[str, Any]:
+        rows, total = self.watcher.select(chosen, PAGE_SIZE)
+        return {
+            "rows": rows,
+            "total": total,
+            "live": len(self.watcher.known),
+            "filter": chosen,
+            "pages": max(1, -(-total // PAGE_SIZE)),
+            "states": STATES,
+            "first_shown": (chosen.page - 1) * PAGE_SIZE + 1 if rows else 0,
+        }
+
+    @staticmethod
+    def namespace_of(request: Request) -> str:
+        namespace = request.query_params.get("ns", "") or DEFAULT_NAMESPACE
+        ThreadNames(namespace)
+        return namespace
+
+    def threads_values(self, namespace: str, found: list[ThreadStatus]) -> dict[str, Any]:
+        names = ThreadNames(namespace)
+        leases = {t.thread_key: names.name(t.thread_key) for t in found}
+        handovers = {key: last_handover(self.watcher.history(name)) for key, name in leases.items()}
+        return {"threads": found, "leases": leases, "handovers": handovers}
+
+
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("tenure.dashboard", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["shown"] = _shown
+    env.filters["ttl"] = lambda ms: f"{ms / 1000:.1f}s"
+    env.filters["clock"] = lambda at: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    env.filters["query"] = lambda values: urlencode(values)
+    return env
+
+
+def who(request: Request) -> str:
+    """Who sent ``request``: the authenticated user, or ``local`` without authentication."""
+    return str(request.scope.get("tenure_user") or "local")
+
+
+def _page_number(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise InvalidArgument(f"page must be a number, got {text!r}") from None
+    if not 1 <= number <= 10**9:
+        raise InvalidArgument(f"page must be from 1, got {number}")
+    return number
+
+
+def parse_token(text: str) -> int:
+    try:
+        token = int(text)
+    except ValueError:
+        raise InvalidArgument(f"token must be a number, got {text!r}") from None
+    if not 1 <= token < 2**63:
+        raise InvalidArgument(f"token must be from 1 to 2**63-1, got {token}")
+    return token

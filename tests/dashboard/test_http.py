@@ -1,0 +1,263 @@
+"""The dashboard over plain HTTP: who may act, what it refuses, what it never
+shows, and its listing on every backend (served for real, in its own process)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tenure import from_url
+from tenure.runtime._names import ThreadNames
+from tests.conftest import TARGETS
+from tests.support.redis_server import RedisServer
+
+from .support import ROOT, Client, Dashboard, csrf_of, until
+
+TOKEN = "s3cret-bearer-token-0123456789"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _revoke_fields(html: str, key: str, token: int) -> list[tuple[str, str]]:
+    return [("csrf", csrf_of(html)), ("k", key), ("token", str(token)), ("owner", "w")]
+
+
+@pytest.mark.asyncio
+async def test_an_action_needs_authentication_and_the_csrf_token(sqlite_url: str) -> None:
+    async with from_url(sqlite_url) as backend:
+        token = (await backend.acquire_lease("k", "w", 60_000)).token
+        assert token is not None
+        with Dashboard(sqlite_url, auth=TOKEN) as dashboard:
+            operator = Client(dashboard.base, BEARER)
+            status, confirm = await asyncio.to_thread(operator.get, f"/revoke?k=k&token={token}")
+            assert status == 200
+            fields = _revoke_fields(confirm, "k", token)
+            # No credentials: refused, whatever the form holds.
+            anonymous = Client(dashboard.base)
+            assert (await asyncio.to_thread(anonymous.get, "/leases"))[0] == 401
+            assert (await asyncio.to_thread(anonymous.post, "/revoke", fields))[0] == 401
+            wrong = Client(dashboard.base, {"Authorization": "Bearer not-the-token-at-all"})
+            assert (await asyncio.to_thread(wrong.post, "/revoke", fields))[0] == 401
+            # Credentials, but no CSRF token, or one made for another browser's cookie.
+            no_csrf = [f for f in fields if f[0] != "csrf"]
+            assert (await asyncio.to_thread(operator.post, "/revoke", no_csrf))[0] == 403
+            other = Client(dashboard.base, BEARER)
+            assert (await asyncio.to_thread(other.post, "/revoke", fields))[0] == 403
+            # The right token, sent from another site's page.
+            cross = Client(dashboard.base, {**BEARER, "Origin": "http://evil.example"})
+            cross.opener = operator.opener
+            assert (await asyncio.to_thread(cross.post, "/revoke", fields))[0] == 403
+            record = await backend.get_lease("k")
+            assert record is not None and record.token == token
+            _, lines = await asyncio.to_thread(operator.get, "/audit.jsonl")
+            assert lines == ""
+            # With both, the revoke goes through.
+            status, page = await asyncio.to_thread(operator.post, "/revoke", fields)
+            assert status == 200 and "Revoked." in page
+            assert await backend.get_lease("k") is None
+            _, lines = await asyncio.to_thread(operator.get, "/audit.jsonl")
+            (entry,) = [json.loads(line) for line in lines.splitlines()]
+            assert (entry["who"], entry["token"], entry["outcome"]) == (
+                "bearer token",
+                token,
+                "revoked",
+            )
+
+
+@pytest.mark.asyncio
+async def test_read_only_refuses_actions(sqlite_url: str) -> None:
+    async with from_url(sqlite_url) as backend:
+        token = (await backend.acquire_lease("k", "w", 60_000)).token
+        assert token is not None
+        with Dashboard(sqlite_url, "--read-only") as dashboard:
+            client = Client(dashboard.base)
+            status, leases = await asyncio.to_thread(client.get, "/leases")
+            assert status == 200 and "revoke" not in leases
+            _, confirm = await asyncio.to_thread(client.get, f"/revoke?k=k&token={token}")
+            assert "read-only" in confirm and 'id="confirm"' not in confirm
+            fields = [("k", "k"), ("token", str(token))]
+            for path in ("/revoke", "/bulk"):
+                status, text = await asyncio.to_thread(client.post, path, fields)
+                assert (status, text) == (403, "this dashboard is read-only")
+            assert await backend.get_lease("k") is not None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.7", "::"])
+def test_refuses_a_non_loopback_address_without_authentication(sqlite_url: str, host: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tenure", "dashboard", "--url", sqlite_url, "--host", host],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 2
+    assert "without authentication" in done.stderr and "--auth-file" in done.stderr
+
+
+def test_credentials_come_from_a_file_never_the_command_line(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tenure", "dashboard", "--url", sqlite_url, "--token", TOKEN],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "unrecognized arguments" in done.stderr
+    empty = tmp_path / "auth"
+    empty.write_text("\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tenure",
+            "dashboard",
+            "--url",
+            sqlite_url,
+            "--auth-file",
+            str(empty),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "is empty" in done.stderr
+
+
+@pytest.mark.asyncio
+async def test_the_backend_password_is_never_shown(tmp_path: Path) -> None:
+    password = "pw-ZX81-never-shown"
+    with RedisServer(password=password) as server:
+        url = server.url + "?quarantine=off"
+        async with from_url(url) as backend:
+            await backend.acquire_lease("k", "w", 60_000)
+        with Dashboard(url) as dashboard:
+            client = Client(dashboard.base)
+            pages = ["/leases", "/key?k=k", "/threads", "/health", "/audit", "/stats.json"]
+            for path in pages:
+                status, text = await asyncio.to_thread(client.get, path)
+                assert status == 200, (path, text)
+                assert password not in text, path
+            _, leases = await asyncio.to_thread(client.get, "/leases")
+            assert "redis://:***@127.0.0.1" in leases
+        assert password not in dashboard.output()
+
+
+@pytest.mark.asyncio
+async def test_threads_health_and_the_audit_file(sqlite_url: str, tmp_path: Path) -> None:
+    names = ThreadNames("app.agents")
+    audit = tmp_path / "audit.jsonl"
+    async with from_url(sqlite_url) as backend:
+        run = await backend.acquire_lease(names.name("chat-42"), "host:1/s7.0", 60_000)
+        with Dashboard(sqlite_url, "--audit-log", str(audit)) as dashboard:
+            client = Client(dashboard.base)
+            status, threads = await asyncio.to_thread(client.get, "/threads?ns=app.agents")
+            assert status == 200
+            assert 'data-thread="chat-42"' in threads and "host:1" in threads
+            assert str(run.token) in threads
+            _, health = await asyncio.to_thread(client.get, "/health")
+            assert "tenure doctor" in health and "level-" in health
+            key = names.name("chat-42")
+            _, confirm = await asyncio.to_thread(client.get, f"/revoke?k={key}&token={run.token}")
+            assert run.token is not None
+            fields = _revoke_fields(confirm, key, run.token)
+            assert (await asyncio.to_thread(client.post, "/revoke", fields))[0] == 200
+            # Another process takes the thread: the page shows the hand-over it saw.
+            await backend.acquire_lease(key, "host:2/s8.0", 60_000)
+
+            async def handed_over() -> bool:
+                _, page = await asyncio.to_thread(client.get, "/threads?ns=app.agents")
+                return "host:2/s8.0" in page and "s without owner" in page
+
+            await until(handed_over)
+    (entry,) = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert (entry["key"], entry["token"], entry["who"]) == (key, run.token, "local")
+
+
+@pytest.mark.parametrize("kind", ["postgres", "etcd"])
+@pytest.mark.asyncio
+async def test_listing_and_revoking_on(kind: str, unique: str, tmp_path: Path) -> None:
+    target = TARGETS[kind]
+    url = target.isolated_url(unique, tmp_path)
+    try:
+        async with from_url(url) as backend:
+            tokens = {}
+            for i in range(3):
+                result = await backend.acquire_lease(f"svc/{i}", f"node-{i}", 60_000)
+                assert result.acquired and result.token is not None
+                tokens[f"svc/{i}"] = result.token
+            with Dashboard(url) as dashboard:
+                client = Client(dashboard.base)
+                status, leases = await asyncio.to_thread(client.get, "/leases?prefix=svc%2F")
+                assert status == 200 and "3 of 3 live leases" in leases
+                for key, token in tokens.items():
+                    assert f'data-key="{key}"' in leases and f">{token}<" in leases
+                path = f"/revoke?k=svc/1&token={tokens['svc/1']}"
+                _, confirm = await asyncio.to_thread(client.get, path)
+                fields = _revoke_fields(confirm, "svc/1", tokens["svc/1"])
+                assert (await asyncio.to_thread(client.post, "/revoke", fields))[0] == 200
+                assert await backend.get_lease("svc/1") is None
+                assert await backend.get_lease("svc/0") is not None
+                assert (await asyncio.to_thread(client.get, "/health"))[0] == 200
+    finally:
+        if target.cleanup is not None:
+            target.cleanup(unique)
+
+
+@pytest.mark.asyncio
+async def test_a_key_with_a_carriage_return_keeps_the_live_updates_whole(sqlite_url: str) -> None:
+    async with from_url(sqlite_url) as backend:
+        with Dashboard(sqlite_url) as dashboard:
+            reader, writer = await asyncio.open_connection("127.0.0.1", dashboard.port)
+            writer.write(b"GET /events?view=leases HTTP/1.0\r\n\r\n")  # no chunks
+            await writer.drain()
+            await backend.acquire_lease("odd\revent: other\rkey", "w", 60_000)
+            lines: list[bytes] = []
+            try:
+                while b"odd" not in b"".join(lines):
+                    lines.append(await asyncio.wait_for(reader.readline(), 30))
+                while (line := await asyncio.wait_for(reader.readline(), 30)) not in (b"\n", b""):
+                    lines.append(line)
+            finally:
+                writer.close()
+            event = b"".join(lines).split(b"event: update\n")[-1]
+            # Every line of the event is data (a CR would have started a field of its own).
+            assert b"\r" not in event
+            assert all(line.startswith(b"data: ") for line in event.splitlines())
+            assert b"odd&#13;event: other&#13;key" in event
+
+
+def _dashboard_exit(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tenure", "dashboard", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_an_unreachable_backend_is_one_line_without_its_password() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens on it: bound, never listening
+        done = _dashboard_exit("--url", f"redis://:pw-never-printed@127.0.0.1:{port}/0")
+    assert done.returncode == 69, done.stderr
+    assert done.stderr.startswith("tenure dashboard: ") and "Traceback" not in done.stderr
+    assert "pw-never-printed" not in done.stderr + done.stdout
+    assert "redis://:***@127.0.0.1" in done.stderr
+
+
+@pytest.mark.parametrize("interval", ["nan", "0", "-1", "inf"])
+def test_a_bad_interval_is_refused(sqlite_url: str, interval: str) -> None:
+    done = _dashboard_exit("--url", sqlite_url, "--interval", interval)
+    assert done.returncode == 2 and "interval must be above 0" in done.stderr
