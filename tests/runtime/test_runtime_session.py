@@ -32,7 +32,7 @@ from tenure import (
     from_url,
 )
 from tenure.runtime import RuntimeEvent, Signal
-from tenure.runtime._session import CLOSE_MARKER, GROUP, INTERRUPT
+from tenure.runtime._log import CLOSE_MARKER, GROUP, INTERRUPT
 from tenure.testing import ManualClock, eventually
 
 from ..hold.support import FiveMethodsOnly, stall

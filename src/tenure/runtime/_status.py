@@ -10,8 +10,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .._contract import Capability, capabilities_of
+from ._identity import process_of, run_of
+from ._log import GROUP
 from ._names import ThreadNames
-from ._session import GROUP, run_of
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -82,7 +83,7 @@ async def thread_statuses(
             ThreadStatus(
                 thread_key=key,
                 owner=owner,
-                process_id=None if owner is None else owner.rpartition("/")[0],
+                process_id=process_of(owner),
                 run_id=run_of(owner),
                 token=None if record is None else record.token,
                 ttl_ms=None if record is None else record.ttl_ms,
@@ -102,12 +103,13 @@ def with_sessions(
             key, session.owner, process_id, session.run_id, session.token, None, False
         )
         # ``inflight`` holds every signal received and not settled, the queued included.
-        queued = len(session.buffer)
+        inbox = session.inbox
+        queued = len(inbox.buffer)
         by_key[key] = replace(
             base,
             local=True,
             queued=queued,
-            in_flight=len(session.inflight) - queued,
+            in_flight=len(inbox.inflight) - queued,
             held_ms=int((time.monotonic() - session.taken_at) * 1000),
         )
     return [by_key[k] for k in sorted(by_key)]
