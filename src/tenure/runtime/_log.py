@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import AsyncIterator
 from typing import Protocol, cast
 
 from .._contract import Capability, LeaseProvider, LeaseRecord, capabilities_of
@@ -24,6 +25,7 @@ __all__ = [
     "SIGNAL_TYPE",
     "EventSource",
     "FencedLog",
+    "LeaseTable",
     "RecordedLeases",
     "RuntimeLog",
     "log_for",
@@ -85,6 +87,14 @@ class RecordedLeases(LeaseProvider, Protocol):
     """A lease provider that reads a lease's record (``Capability.RECORD``)."""
 
     async def get_lease(self, key: str) -> LeaseRecord | None: ...
+
+
+class LeaseTable(RecordedLeases, Protocol):
+    """A lease provider an operator can list (``Capability.OPERATIONS``)."""
+
+    def scan_leases(
+        self, prefix: str = "", limit: int | None = None
+    ) -> AsyncIterator[tuple[str, LeaseRecord]]: ...
 
 
 # One process-local log per backend object whose events cannot hold signals, so
