@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Protocol
@@ -63,5 +64,7 @@ class Observer:
         )
         try:
             self._on_event(event)
-        except Exception:
+        except (Exception, asyncio.CancelledError):
+            # A synchronous callback cannot be cancelled: its CancelledError is its
+            # own failure, and must not pass for the cancellation of whoever emits.
             logger.exception("on_event callback raised on %s", kind)

@@ -14,7 +14,7 @@ from typing import get_args
 
 from .._errors import InvalidArgument
 from ._inbox import Inbox
-from ._run import RunEnd, ThreadRun, current_signal
+from ._run import RunEnd, ThreadRun, current_signal, stop
 from ._types import Policy
 
 __all__ = ["RULES", "SendRule", "overtake", "rule_for"]
@@ -84,4 +84,4 @@ def overtake(
         run.interrupted = True
     run.emit("interrupted", signal_id, f"{len(skipped)} waiting signal(s) skipped")
     if rule.cancels_run:
-        task.cancel(f"interrupted by signal {signal_id}")
+        stop(run, task, "interrupted", f"interrupted by signal {signal_id}")

@@ -13,7 +13,17 @@ from ._inbox import Inbox, Pending, settle
 from ._observe import Emit
 from ._types import EventKind, Signal
 
-__all__ = ["Handler", "HeldLease", "RunEnd", "ThreadRun", "call_handler", "ended_as", "finish"]
+__all__ = [
+    "Handler",
+    "HeldLease",
+    "RunEnd",
+    "ThreadRun",
+    "call_handler",
+    "current_signal",
+    "ended_as",
+    "finish",
+    "stop",
+]
 
 logger = logging.getLogger("tenure.runtime")
 
@@ -54,6 +64,7 @@ class ThreadRun:
         "_inbox",
         "_lease",
         "_owner",
+        "_stopped_as",
         "_taken",
         "interrupted",
         "process_id",
@@ -86,6 +97,8 @@ class ThreadRun:
         self._current: Pending | None = None
         self._ended = False
         self._taken = 0
+        # Set by tenure just before it cancels the run's task, and only then.
+        self._stopped_as: RunEnd | None = None
         #: Set when a newer signal interrupted this run (the ``interrupt`` policy).
         self.interrupted = False
 
@@ -154,6 +167,19 @@ def current_signal(run: ThreadRun) -> str | None:
     return None if run._current is None else run._current.signal.id
 
 
+def stop(
+    run: ThreadRun, task: asyncio.Task[RunEnd], why: RunEnd, message: str | None = None
+) -> None:
+    """Cancel ``run``'s task on tenure's behalf; the run then ends as ``why``.
+
+    A cancellation that did not come through here is none of tenure's: the
+    handler's own failure (see :func:`_handle`).
+    """
+    if run._stopped_as is None:
+        run._stopped_as = why
+    task.cancel(message)
+
+
 def ended_as(task: asyncio.Task[RunEnd]) -> RunEnd:
     """How a run whose task is done ended, as its span says (see :func:`call_handler`)."""
     if task.cancelled():
@@ -184,7 +210,21 @@ async def _handle(handler: Handler, run: ThreadRun) -> RunEnd:
             return "lost"
         if run.interrupted:
             return "interrupted"
-        raise
+        if run._stopped_as is not None:
+            raise
+        # Nobody in tenure asked: the handler awaited something someone else
+        # cancelled, or someone cancelled its task. That is the handler failing on
+        # its signal (an attempt spent), not the session stopping, which would
+        # hand the signal back for free and run it again forever.
+        task = asyncio.current_task()
+        while task is not None and task.cancelling():
+            task.uncancel()
+        logger.exception(
+            "handler of run %s (thread %r) let out a cancellation tenure did not ask for",
+            run.run_id,
+            run.thread_key,
+        )
+        return "failed"
     except Exception:
         logger.exception("handler of run %s (thread %r) raised", run.run_id, run.thread_key)
         return "failed"

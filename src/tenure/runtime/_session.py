@@ -22,12 +22,19 @@ from ._inbox import Inbox
 from ._lease import ThreadLease
 from ._log import CLOSE_MARKER, GROUP, FencedLog
 from ._policies import RULES, SendRule, overtake
-from ._run import RunEnd, ThreadRun, call_handler, ended_as, finish
+from ._run import RunEnd, ThreadRun, call_handler, ended_as, finish, stop
 from ._types import EventKind, Signal
 
 __all__ = ["Session"]
 
 logger = logging.getLogger("tenure.runtime")
+
+
+def _asked_to_stop() -> bool:
+    """Whether the current task's cancellation was requested (``Task.cancel``), rather
+    than a ``CancelledError`` raised by something it awaited that was cancelled."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class Session:
@@ -212,7 +219,11 @@ class Session:
                     break
                 await self._run_once()
         except asyncio.CancelledError:
-            raise
+            if _asked_to_stop():
+                raise
+            logger.exception(
+                "session %s of thread %r was cancelled by a callee", self.sid, self.thread_key
+            )
         except Exception:
             logger.exception("session %s of thread %r failed", self.sid, self.thread_key)
         finally:
@@ -294,8 +305,12 @@ class Session:
         try:
             end = await asyncio.shield(task)
         except asyncio.CancelledError:
+            if task.done() and not _asked_to_stop() and not self.lost.is_set():
+                # The run's task was cancelled from outside before its handler ran.
+                end = "failed"
+                return
             if not task.done():
-                task.cancel()
+                stop(run, task, "cancelled")
                 await asyncio.gather(task, return_exceptions=True)
             if not self.lost.is_set():
                 stopped = True
@@ -325,9 +340,9 @@ class Session:
         )
         ctx = self._ctx
         ctx.emit("lost", self.thread_key, run_id=self.run_id, token=self.token, detail=reason)
-        task = self._run_task
-        if ctx.settings.cancel_on_loss and task is not None and task is not asyncio.current_task():
-            task.cancel()
+        run, task = self.run, self._run_task
+        if ctx.settings.cancel_on_loss and run and task and task is not asyncio.current_task():
+            stop(run, task, "lost")
 
     # -- ending ----------------------------------------------------------------
 

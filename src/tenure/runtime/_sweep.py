@@ -54,7 +54,11 @@ class Sweeper:
             try:
                 await self.sweep()
             except asyncio.CancelledError:
-                raise
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                # A callee's cancellation, not ours: one failed sweep, not the last.
+                logger.warning("sweeping for unfinished threads was cancelled by a callee")
             except Exception as exc:
                 logger.warning("sweeping for unfinished threads failed: %r", exc)
 
