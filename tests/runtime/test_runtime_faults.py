@@ -8,12 +8,19 @@ On SQLite files (the log and the leases in one database) unless said otherwise.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tenure import (
+    AcquireResult,
+    BackendUnavailable,
+    Capability,
+    LeaseRecord,
     ThreadRun,
     ThreadRuntime,
     from_url,
@@ -77,3 +84,124 @@ async def test_an_on_event_callback_that_raises_cancelled_error_is_logged_and_ig
         await eventually(lambda: handed == [1, 2] and not rt.owned_threads())
     assert (first.outcome, second.outcome) == ("wake", "deliver")
     assert "on_event callback raised on wake" in caplog.text
+
+
+class HandOverFaults:
+    """The SQLite backend's leases, with a fault at a hand-over (the transfer from a
+    run to the next, not a session's opening move), a moment no real schedule
+    lands on: ``fail_token_read``, the next ``get_lease`` fails once;
+    ``lock_file``, another connection holds the file's write lock for 0.5 s as
+    the transfer starts, so the transfer waits for it."""
+
+    capabilities = Capability.RECORD
+
+    def __init__(self, inner: Any, path: Path) -> None:
+        self.inner = inner
+        self.path = path
+        self.fail_token_read = False
+        self.lock_file = False
+        self.token_reads_failed = 0
+        self.transfer_started = asyncio.Event()
+        self.lockers: list[threading.Thread] = []
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
+        result: AcquireResult = await self.inner.acquire_lease(key, owner, ttl_ms)
+        return result
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        owner: str | None = await self.inner.get_lease_owner(key)
+        return owner
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        await self.inner.release_lease(key, owner)
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return bool(await self.inner.renew_lease(key, owner, ttl_ms))
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        hand_over = not from_owner.endswith(".0")
+        if hand_over and self.lock_file:
+            self.lock_file = False
+            locked = threading.Event()
+            locker = threading.Thread(target=self._hold_write_lock, args=(locked,))
+            locker.start()
+            self.lockers.append(locker)
+            locked.wait()
+            self.transfer_started.set()
+        ok = bool(await self.inner.transfer_lease(key, from_owner, to_owner, ttl_ms))
+        if ok and hand_over:
+            self.fail_token_read, armed = False, self.fail_token_read
+            self._armed = armed
+        return ok
+
+    def _hold_write_lock(self, locked: threading.Event) -> None:
+        blocker = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")
+            locked.set()
+            time.sleep(0.5)
+            blocker.execute("ROLLBACK")
+        finally:
+            blocker.close()
+
+    _armed = False
+
+    async def get_lease(self, key: str) -> LeaseRecord | None:
+        if self._armed:
+            self._armed = False
+            self.token_reads_failed += 1
+            raise BackendUnavailable("simulated network error") from OSError("connection reset")
+        record: LeaseRecord | None = await self.inner.get_lease(key)
+        return record
+
+
+@pytest.mark.asyncio
+async def test_a_token_read_that_fails_after_a_hand_over_is_read_again_never_guessed(
+    tmp_path: Path,
+) -> None:
+    tokens: list[tuple[Any, int | None]] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            tokens.append((signal.payload, run.token))
+            return  # one signal a run: signal 2 gets a run of its own, by hand-over
+
+    path = tmp_path / "tenure.db"
+    async with from_url(f"sqlite:///{path}") as sqlite:
+        leases = HandOverFaults(sqlite, path)
+        leases.fail_token_read = True
+        async with ThreadRuntime(sqlite, handler, lease_provider=leases, idle_timeout=0.05) as rt:
+            await rt.send_signal("t", 1)
+            await rt.send_signal("t", 2)
+            await eventually(lambda: len(tokens) == 2 and not rt.owned_threads())
+    assert leases.token_reads_failed == 1
+    (_, first), (_, second) = tokens
+    assert first is not None and second is not None and second > first
+
+
+@pytest.mark.asyncio
+async def test_aclose_during_a_hand_over_leaves_no_lease_held(tmp_path: Path) -> None:
+    # The hand-over's transfer waits behind another connection's write lock, and
+    # aclose() comes meanwhile; the transfer still lands after aclose stopped
+    # waiting for it. The lease must not stay with the next run's name, a run
+    # that never starts (the next runtime would wait the whole TTL).
+    handed: list[Any] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handed.append(signal.payload)
+            return
+
+    path = tmp_path / "tenure.db"
+    async with from_url(f"sqlite:///{path}") as sqlite:
+        leases = HandOverFaults(sqlite, path)
+        leases.lock_file = True
+        rt = ThreadRuntime(sqlite, handler, lease_provider=leases, idle_timeout=0.05, ttl_ms=30_000)
+        await rt.send_signal("t", 1)
+        await rt.send_signal("t", 2)
+        await leases.transfer_started.wait()
+        await rt.aclose()
+        for locker in leases.lockers:
+            locker.join()
+        assert await sqlite.get_lease_owner(rt.lease_key("t")) is None
+    assert handed == [1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -53,6 +54,8 @@ class ThreadLease:
         )
         self.lost = self.renewer.lost
         self.lost_reason = ""
+        # The holder a move under way (or of unknown outcome) hands the lease to.
+        self._moving: Holder | None = None
 
     @property
     def owner(self) -> str:
@@ -83,9 +86,11 @@ class ThreadLease:
         ctx, to = self._ctx, self.holder.next()
         async with self.renewer.paused():
             sent = time.monotonic()
+            self._moving = to
             if not self.renewer.check() or not await ctx.provider.transfer_lease(
                 self.lease_key, self.owner, to.owner, ctx.settings.ttl_ms
             ):
+                self._moving = None
                 raise LeaseLost(self.lease_key, self.owner, "expired while opening")
             self._moved(to, sent)
             self.token = await self._read_token()
@@ -97,6 +102,9 @@ class ThreadLease:
             if not self.renewer.check():
                 return False
             sent = time.monotonic()
+            # Until its outcome is known, the lease may be ``to``'s: whoever ends
+            # this session meanwhile (aclose) releases it under both names.
+            self._moving = to
             try:
                 ok = await ctx.provider.transfer_lease(
                     self.lease_key, self.owner, to.owner, ctx.settings.ttl_ms
@@ -109,39 +117,69 @@ class ThreadLease:
                 try:
                     ok = await ctx.provider.get_lease_owner(self.lease_key) == to.owner
                 except TenureError:
-                    ok = False
+                    ok = False  # still unknown: ``to`` stays to be released
+                else:
+                    self._moving = to if ok else None  # known now
             if not ok:
                 self.renewer.lose("the lease was no longer held at hand-over")
                 return False
             self._moved(to, sent)
-            self.token = await self._read_token()
+            try:
+                self.token = await self._read_token()
+            except LeaseLost as exc:
+                self.renewer.lose(exc.reason)
+                return False
         return True
 
     def _moved(self, to: Holder, sent_at: float) -> None:
         """The lease now belongs to ``to`` (a transfer sent at ``sent_at`` succeeded)."""
         self.holder = to
+        self._moving = None
         self.renewer.moved(to.owner, sent_at)
 
     async def _read_token(self) -> int | None:
-        """The token of the lease after a transfer (``None`` without ``Capability.RECORD``)."""
+        """The token of the lease just moved to this holder (``None`` without ``Capability.RECORD``).
+
+        Never guessed: a read that fails is tried again while the lease counts as
+        held. Raises ``LeaseLost`` when it cannot be read in that time, or names
+        another holder.
+        """
         ctx = self._ctx
         if not ctx.records:
             return None
-        try:
-            record = await cast(RecordedLeases, ctx.provider).get_lease(self.lease_key)
-        except TenureError:
-            return None
-        if record is None or record.owner != self.owner:
-            return None
-        return record.token
+        leases = cast(RecordedLeases, ctx.provider)
+        pause = 0.005
+        while True:
+            try:
+                record = await leases.get_lease(self.lease_key)
+            except TenureError as exc:
+                if not self.renewer.check():
+                    raise LeaseLost(
+                        self.lease_key, self.owner, f"its token could not be read: {exc}"
+                    ) from exc
+                logger.warning("reading the token of %r failed, again: %s", self.lease_key, exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.2)
+                continue
+            if record is None or record.owner != self.owner:
+                raise LeaseLost(self.lease_key, self.owner, "it was gone right after its transfer")
+            return record.token
 
     async def release(self) -> bool:
-        """Stop renewing and release; ``True`` when released while still held."""
+        """Stop renewing and release; ``True`` when released while still held.
+
+        A move whose outcome is unknown (cut short, or unanswered) may have
+        given the lease to the next holder's name: that name is released too.
+        """
         lost = self.lost.is_set()
         await self.renewer.stop(final=True)
-        try:
-            await self._ctx.provider.release_lease(self.lease_key, self.owner)
-        except TenureError as exc:
-            logger.warning("releasing %r failed: %s", self.lease_key, exc)
-            return False
-        return not lost
+        owners = [self.owner] if self._moving is None else [self.owner, self._moving.owner]
+        released = not lost
+        for owner in owners:
+            try:
+                await self._ctx.provider.release_lease(self.lease_key, owner)
+            except TenureError as exc:
+                logger.warning("releasing %r failed: %s", self.lease_key, exc)
+                released = False
+        self._moving = None
+        return released
