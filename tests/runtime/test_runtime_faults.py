@@ -20,12 +20,14 @@ from tenure import (
     AcquireResult,
     BackendUnavailable,
     Capability,
+    Event,
     LeaseRecord,
     ThreadRun,
     ThreadRuntime,
     from_url,
 )
 from tenure.runtime import RuntimeEvent
+from tenure.runtime._log import INTERRUPT, SIGNAL_TYPE
 from tenure.testing import eventually
 
 
@@ -205,3 +207,57 @@ async def test_aclose_during_a_hand_over_leaves_no_lease_held(tmp_path: Path) ->
             locker.join()
         assert await sqlite.get_lease_owner(rt.lease_key("t")) is None
     assert handed == [1]
+
+
+@pytest.mark.asyncio
+async def test_an_interrupt_request_that_arrives_after_its_signal_ran_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    # A sender elsewhere publishes signal A, then, a round trip later, the request
+    # to interrupt for it; the owner reads the two on separate subscriptions. Here
+    # the request comes after A ran and while B (sent after A) runs, C waiting: it
+    # must neither cancel B nor skip C, which were sent after A. D's request, read
+    # after A's on the same subscription, then interrupts as it should.
+    handled: list[Any] = []
+    events: list[RuntimeEvent] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            handled.append(signal.payload)
+            if signal.payload == "B":
+                await asyncio.Event().wait()  # runs until interrupted
+
+    path = tmp_path / "tenure.db"
+    async with (
+        from_url(f"sqlite:///{path}") as sqlite,
+        ThreadRuntime(
+            sqlite, handler, policy="interrupt", idle_timeout=10, on_event=events.append
+        ) as rt,
+    ):
+        log: Any = sqlite
+        await rt.send_signal("t", "start")  # this process owns the thread from here
+
+        async def sent_elsewhere(payload: str) -> Event:
+            # What a sender's first round trip stores (its request still to come).
+            stored: Event = await log.publish(
+                rt.topic("t"), Event(SIGNAL_TYPE, {"thread": "t", "payload": payload})
+            )
+            return stored
+
+        async def request(signal: Event) -> None:
+            # The sender's second round trip.
+            data = {"signal": signal.id, "sent_at": signal.created_at}
+            await log.publish(rt.names.control("t"), Event(INTERRUPT, data))
+
+        a = await sent_elsewhere("A")
+        await eventually(lambda: "A" in handled)
+        await sent_elsewhere("B")
+        await eventually(lambda: "B" in handled)
+        await sent_elsewhere("C")
+        await request(a)  # late: A ran already
+        d = await sent_elsewhere("D")
+        await request(d)
+        await eventually(lambda: "D" in handled)
+    interrupts = [e for e in events if e.kind == "interrupted" and e.detail != "skipped"]
+    assert [e.signal_id for e in interrupts] == [d.id]
+    assert handled == ["start", "A", "B", "D"]  # C, sent before D, skipped by D's request

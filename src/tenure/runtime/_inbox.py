@@ -12,7 +12,7 @@ at once and drop the event after ``max_attempts``, so raising there could lose i
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -25,6 +25,11 @@ from ._types import Signal
 __all__ = ["Inbox", "Pending", "Settle", "settle"]
 
 Settle = Literal["ack", "retry", "abandon"]
+
+
+# How many ids of signals handed to a run an inbox remembers, so that a request
+# about one of them is known to come too late (it follows its signal closely).
+_TAKEN_KEPT = 1024
 
 
 class _Refused(TenureError):
@@ -82,6 +87,7 @@ class Inbox:
         self.marker_seen = asyncio.Event()
         # Set by a request whose signal has not arrived yet: (its id, its send time).
         self._skip_until: tuple[str, float] | None = None
+        self._taken: OrderedDict[str, None] = OrderedDict()
         # The idle timer of the waits, and the deadline of the wait under way
         # (the loop's clock); see wait().
         self._timer: asyncio.TimerHandle | None = None
@@ -152,7 +158,12 @@ class Inbox:
                 await self.wait(deadline)
         if self._lost.is_set():
             return None
-        return self.buffer.popleft()
+        pending = self.buffer.popleft()
+        taken = self._taken
+        taken[pending.signal.id] = None
+        if len(taken) > _TAKEN_KEPT:
+            taken.popitem(last=False)
+        return pending
 
     async def wait(self, deadline: float) -> None:
         """Wait until a signal is buffered, the lease is lost or the loop's clock
@@ -195,19 +206,27 @@ class Inbox:
 
     # -- requests and skips --------------------------------------------------
 
+    def was_taken(self, signal_id: str) -> bool:
+        """Whether ``signal_id`` was handed to a run of this session already."""
+        return signal_id in self._taken
+
     def skip_through(self, signal_id: str, sent_at: float) -> list[Pending]:
         """Acknowledge unhandled the buffered signals sent before ``signal_id``; returns them.
 
         The buffer is in log order, so what waits ahead of ``signal_id`` was sent
-        before it, and all of it when ``signal_id`` has not arrived yet; then so
-        is each signal that arrives before it and was sent no later than
-        ``sent_at`` (by its sender's clock).
+        before it. When ``signal_id`` has not arrived, the buffered signals sent
+        no later than ``sent_at`` (by their senders' clocks) are, and so is each
+        such signal that arrives before ``signal_id`` does.
         """
-        if signal_id not in self.inflight:
-            self._skip_until = (signal_id, sent_at)
         waiting = [p.signal.id for p in self.buffer]
-        cut = waiting.index(signal_id) if signal_id in waiting else len(waiting)
-        skipped = [self.buffer.popleft() for _ in range(cut)]
+        if signal_id in waiting:
+            skipped = [self.buffer.popleft() for _ in range(waiting.index(signal_id))]
+        else:
+            if signal_id not in self.inflight:
+                self._skip_until = (signal_id, sent_at)
+            skipped = [p for p in self.buffer if p.signal.sent_at <= sent_at]
+            for pending in skipped:
+                self.buffer.remove(pending)
         for old in skipped:
             settle(old, "ack")
         return skipped

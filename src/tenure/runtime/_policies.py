@@ -73,15 +73,24 @@ def overtake(
 ) -> None:
     """At the owner: apply ``rule`` for the newer signal ``signal_id`` (sent at ``sent_at``).
 
-    Only an active run is overtaken, once, and never by the signal it handles.
+    Only an active run is overtaken, once, and only for signals sent before
+    ``signal_id``, whatever order the owner reads the signal and the request in:
+    a request whose signal a run of this session took already comes too late and
+    changes nothing, and a run handling a signal sent after ``signal_id`` (by the
+    senders' clocks) goes on.
     """
     if not rule.tells_owner or run is None or task is None or task.done() or run.interrupted:
         return
-    if current_signal(run) == signal_id:
-        return  # already the one being handled
+    if inbox.was_taken(signal_id):
+        return  # handled, or being handled: nothing sent before it waits any more
+    current = current_signal(run)
+    newer_runs = current is not None and current.sent_at > sent_at
     skipped = inbox.skip_through(signal_id, sent_at) if rule.drops_older else []
-    if rule.cancels_run:
+    if newer_runs and not skipped:
+        return
+    cancel = rule.cancels_run and not newer_runs
+    if cancel:
         run.interrupted = True
     run.emit("interrupted", signal_id, f"{len(skipped)} waiting signal(s) skipped")
-    if rule.cancels_run:
+    if cancel:
         stop(run, task, "interrupted", f"interrupted by signal {signal_id}")

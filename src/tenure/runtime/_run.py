@@ -162,9 +162,9 @@ class ThreadRun:
 Handler = Callable[[ThreadRun], Awaitable[None]]
 
 
-def current_signal(run: ThreadRun) -> str | None:
-    """The id of the signal ``run`` is handling (``None`` between signals)."""
-    return None if run._current is None else run._current.signal.id
+def current_signal(run: ThreadRun) -> Signal | None:
+    """The signal ``run`` is handling (``None`` between signals)."""
+    return None if run._current is None else run._current.signal
 
 
 def stop(
