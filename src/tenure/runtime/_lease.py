@@ -138,15 +138,16 @@ class ThreadLease:
         self.renewer.moved(to.owner, sent_at)
 
     async def _read_token(self) -> int | None:
-        """The token of the lease just moved to this holder (``None`` without ``Capability.RECORD``).
+        """The token of the lease just moved to this holder (``None`` on a provider without
+        tokens or without ``Capability.RECORD``).
 
         Never guessed: a read that fails is tried again while the lease counts as
         held. Raises ``LeaseLost`` when it cannot be read in that time, or names
         another holder.
         """
         ctx = self._ctx
-        if not ctx.records:
-            return None
+        if not ctx.records or self.token is None:
+            return None  # a provider without tokens (its grant carried none)
         leases = cast(RecordedLeases, ctx.provider)
         pause = 0.005
         while True:
