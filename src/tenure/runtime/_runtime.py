@@ -85,7 +85,13 @@ thread also publishes an interrupt request on the thread's *control* topic
 subscribes: the owner reads signals one at a time, so it would otherwise see
 the new signal only after the run it should interrupt. Signals sent before the
 interrupting one that have not run yet are acknowledged unhandled (as judged by
-their senders' clocks when they arrive after the request).
+their senders' clocks when they arrive after the request). A request only ever
+affects signals sent before its own: one whose signal a run took already
+changes nothing, however late the owner reads it.
+
+*Rooms.* ``docs/runtime.md`` says which module owns what: sending and the
+policies' rules, the sessions and a session's life behind its context, the
+lease, the inbox, the run.
 
 *Closing.* An idle session publishes a *close marker* and reads up to it, so
 every signal sent before it starts a run here. Then it unsubscribes (the backend
@@ -108,7 +114,8 @@ signals ran (seen once by the thread harness, under SIGSTOP; crashes do not
 cause it; the fenced reads of SQLite and PostgreSQL close it); a backend
 that loses acknowledged state (a Redis restart without
 persistence) can lose signals published before the restart; a handler that
-raises on a signal gets it again at most the backend's ``max_attempts`` times.
+raises on a signal gets it again at most the backend's ``max_attempts`` times
+(a ``CancelledError`` that tenure did not ask for counts as raising).
 """
 
 from __future__ import annotations
