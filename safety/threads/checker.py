@@ -23,7 +23,7 @@ import bisect
 import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tenure._history import Sighting, token_clashes
@@ -31,11 +31,13 @@ from tenure._history import Sighting, token_clashes
 from .evidence import Fault, Stored, Write
 
 __all__ = [
+    "LOOP_BOUND",
     "Overlap",
     "Reordered",
     "ThreadReport",
     "check",
     "duplicates",
+    "looped",
     "lost_signals",
     "misrouted",
     "order_violations",
@@ -43,6 +45,12 @@ __all__ = [
     "percentile",
     "takeover_delays",
 ]
+
+# A poison signal fails on every delivery; the backends drop it after
+# max_attempts (5 by default). Faults add deliveries that spend no attempt (a
+# killed or paused owner hands it back), a few, never without end: three times
+# the attempts is a loop.
+LOOP_BOUND = 15
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,10 +253,19 @@ class ThreadReport:
     takeover_ms: list[float] = field(default_factory=list)
     # The same, without the delays another fault overlapped (see takeover_delays()).
     takeover_isolated_ms: list[float] = field(default_factory=list)
+    # Poison signals sent, and those handed more than LOOP_BOUND times: how many times.
+    poisoned: int = 0
+    looped: dict[str, int] = field(default_factory=dict)
 
     @property
     def violations(self) -> int:
-        return len(self.lost) + len(self.overlaps) + len(self.reordered) + len(self.misrouted)
+        return (
+            len(self.lost)
+            + len(self.overlaps)
+            + len(self.reordered)
+            + len(self.misrouted)
+            + len(self.looped)
+        )
 
     def counts(self) -> dict[str, int]:
         return {
@@ -256,6 +273,7 @@ class ThreadReport:
             "overlaps": len(self.overlaps),
             "order": len(self.reordered),
             "misrouted": len(self.misrouted),
+            "looped": len(self.looped),
         }
 
     def describe(self, limit: int = 5) -> list[str]:
@@ -271,14 +289,33 @@ class ThreadReport:
             f"{w.run_id} of {w.namespace}/{w.thread} ({w.worker})"
             for s, w in self.misrouted[:limit]
         ]
+        lines += [
+            f"looped: poison signal {sid} handed {n} times"
+            for sid, n in list(self.looped.items())[:limit]
+        ]
         return lines
 
 
+def looped(handed: Mapping[str, int], bound: int = LOOP_BOUND) -> dict[str, int]:
+    """The poison signals handed to a handler more than ``bound`` times."""
+    return {sid: n for sid, n in handed.items() if n > bound}
+
+
 def check(
-    stored: Sequence[Stored], writes: Sequence[Write], faults: Sequence[Fault] = ()
+    stored: Sequence[Stored],
+    writes: Sequence[Write],
+    faults: Sequence[Fault] = (),
+    handed: Mapping[str, int] | None = None,
 ) -> ThreadReport:
-    """Every check on one run's evidence; takeover delays after the ``owner-kill`` faults."""
+    """Every check on one run's evidence; takeover delays after the ``owner-kill`` faults.
+
+    Poison signals are never written: they are judged only by how many times they
+    were ``handed`` to a handler (see :func:`looped`); the signals after one must
+    still be written, in order (a loop on it would stall them).
+    """
     kills = [f for f in faults if f.kind == "owner-kill"]
+    poisoned = len({s.signal_id for s in stored if s.poison})
+    stored = [s for s in stored if not s.poison]
     return ThreadReport(
         signals=len({s.signal_id for s in stored}),
         writes=len(writes),
@@ -290,4 +327,6 @@ def check(
         untokened=sum(1 for w in writes if w.token is None),
         takeover_ms=takeover_delays(stored, writes, kills),
         takeover_isolated_ms=takeover_delays(stored, writes, kills, faults),
+        poisoned=poisoned,
+        looped=looped(handed or {}),
     )

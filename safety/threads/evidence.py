@@ -24,6 +24,7 @@ import json
 import os
 import sqlite3
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,6 +36,7 @@ __all__ = [
     "StoredLog",
     "Write",
     "load_faults",
+    "load_handed",
     "load_stored",
     "load_writes",
 ]
@@ -59,6 +61,9 @@ class Stored:
     seq: int
     t_ns: int
     outcome: str = "deliver"
+    #: A poison signal: its handler always fails on it, with a CancelledError it did
+    #: not ask for. The backend drops it after its attempts; it is never written.
+    poison: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +183,10 @@ class StoredLog:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def record(self, stored: Stored) -> None:
-        os.write(self._fd, (json.dumps(asdict(stored)) + "\n").encode())
+        self.line(asdict(stored))
+
+    def line(self, row: dict[str, Any]) -> None:
+        os.write(self._fd, (json.dumps(row) + "\n").encode())
 
     def close(self) -> None:
         os.close(self._fd)
@@ -196,6 +204,13 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 def load_stored(workdir: Path) -> list[Stored]:
     return [Stored(**row) for p in sorted(workdir.glob("stored-*.jsonl")) for row in _lines(p)]
+
+
+def load_handed(workdir: Path) -> Counter[str]:
+    """How many times each poison signal was handed to a handler, over every worker."""
+    return Counter(
+        row["signal_id"] for p in sorted(workdir.glob("handed-*.jsonl")) for row in _lines(p)
+    )
 
 
 def load_writes(path: Path) -> list[Write]:

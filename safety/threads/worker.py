@@ -49,10 +49,21 @@ class WorkerConfig:
     send_gap_ms: list[float] = field(default_factory=lambda: [5.0, 40.0])
     work_ms: list[float] = field(default_factory=lambda: [1.0, 15.0])
     control: str | None = None
+    # Every n-th signal a worker sends is poison (0: none); see Stored.poison.
+    poison_every: int = 0
 
 
 def config_json(cfg: WorkerConfig) -> str:
     return json.dumps(asdict(cfg))
+
+
+async def _cancelled_elsewhere() -> None:
+    """Await a task someone else cancelled: its CancelledError, which tenure did not
+    cause, comes out of the handler."""
+    other = asyncio.ensure_future(asyncio.sleep(10))
+    await asyncio.sleep(0)
+    other.cancel()
+    await other
 
 
 class Worker:
@@ -62,6 +73,7 @@ class Worker:
         self.rnd = random.Random(cfg.seed)
         self.sink = Sink(self.workdir / "sink.db", cfg.name)
         self.log = StoredLog(self.workdir / f"stored-{cfg.name}.jsonl")
+        self.handed = StoredLog(self.workdir / f"handed-{cfg.name}.jsonl")
         self.kill_after_send = False
         self.runtimes: dict[str, Any] = {}
         self.backend: Any = None
@@ -73,6 +85,9 @@ class Worker:
 
         async def handle(run: ThreadRun) -> None:
             async for sig in run.signals():
+                if isinstance(sig.payload, dict) and sig.payload.get("poison"):
+                    self.handed.line({"signal_id": sig.id, "attempt": sig.attempt})
+                    await _cancelled_elsewhere()
                 await asyncio.sleep(self.rnd.uniform(lo, hi) / 1000)
                 try:
                     await self.sink.write(run, namespace, sig.id, sig.attempt)
@@ -116,7 +131,8 @@ class Worker:
             seq[(ns, key)] += 1
             n += 1
             sid = f"{self.cfg.name}.{n}"
-            payload = {"sender": self.cfg.name, "seq": seq[(ns, key)]}
+            poison = self.cfg.poison_every > 0 and n % self.cfg.poison_every == 0
+            payload = {"sender": self.cfg.name, "seq": seq[(ns, key)], "poison": poison}
             outcome = None
             while outcome is None and time.monotonic_ns() < give_up_ns:
                 try:
@@ -129,7 +145,16 @@ class Worker:
             if outcome is None:
                 return  # gave up: its outcome stays unknown, nothing is owed for it
             self.log.record(
-                Stored(sid, ns, key, self.cfg.name, seq[(ns, key)], time.monotonic_ns(), outcome)
+                Stored(
+                    sid,
+                    ns,
+                    key,
+                    self.cfg.name,
+                    seq[(ns, key)],
+                    time.monotonic_ns(),
+                    outcome,
+                    poison,
+                )
             )
             if self.kill_after_send:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -168,6 +193,7 @@ class Worker:
                 await self.backend.aclose()
         self.sink.close()
         self.log.close()
+        self.handed.close()
 
     def _arm_kill(self) -> None:
         self.kill_after_send = True

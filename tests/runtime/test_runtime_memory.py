@@ -26,7 +26,7 @@ from tenure import (
     ThreadRun,
     ThreadRuntime,
 )
-from tenure.runtime import RuntimeEvent, Signal, _runtime
+from tenure.runtime import RuntimeEvent, Signal, _sending
 from tenure.testing import ManualClock, eventually
 
 Handler = Callable[[ThreadRun], Awaitable[None]]
@@ -444,7 +444,7 @@ async def test_a_signal_sent_on_a_recent_refusal_after_its_owner_closed_is_run_b
     # next signals without trying the lease again. Here "moments" lasts the whole
     # test, so the owner closes inside the window: the signal it no longer reads
     # must still run, started by the sweep.
-    monkeypatch.setattr(_runtime, "_HELD_ELSEWHERE_FOR", 60.0)
+    monkeypatch.setattr(_sending, "HELD_ELSEWHERE_FOR", 60.0)
     rec = Recorder()
     async with runtime(backend, rec, process_id="b", sweep_interval=0.05) as b:
         async with runtime(backend, rec, process_id="a", idle_timeout=30) as a:

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import tenure
 from tenure import Event, InvalidArgument, MemoryPubSub, ThreadRun, ThreadRuntime
+from tenure.runtime._log import SIGNAL_TYPE
 from tenure.runtime._names import ThreadNames
-from tenure.runtime._session import SIGNAL_TYPE
 from tenure.testing import eventually
 
 from ..conftest import TARGETS

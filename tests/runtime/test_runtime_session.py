@@ -32,7 +32,7 @@ from tenure import (
     from_url,
 )
 from tenure.runtime import RuntimeEvent, Signal
-from tenure.runtime._session import CLOSE_MARKER, GROUP, INTERRUPT
+from tenure.runtime._log import CLOSE_MARKER, GROUP, INTERRUPT
 from tenure.testing import ManualClock, eventually
 
 from ..hold.support import FiveMethodsOnly, stall
@@ -1038,7 +1038,9 @@ async def test_a_failed_opening_whose_release_fails_too_raises_the_opening_s_err
         provider.transfer, provider.release = "open", True
         with pytest.raises(BackendUnavailable, match="simulated network error"):
             await rt.send_signal("t", 1)
-        assert provider.failed == ["transfer:open", "release"]
+        # The transfer's outcome is unknown (its reply may be what was lost): the
+        # lease is released under both names, each release failing here.
+        assert provider.failed == ["transfer:open", "release", "release"]
         assert not rt.owned_threads()
         provider.release = False
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from safety.threads.checker import (
+    LOOP_BOUND,
     check,
     duplicates,
     lost_signals,
@@ -206,7 +207,21 @@ def test_a_clean_history_has_no_violation() -> None:
     report = check(stored, writes)
     assert report.violations == 0
     assert report.describe() == []
-    assert report.counts() == {"lost": 0, "overlaps": 0, "order": 0, "misrouted": 0}
+    assert report.counts() == {"lost": 0, "overlaps": 0, "order": 0, "misrouted": 0, "looped": 0}
+
+
+def test_a_poison_signal_is_judged_by_its_handings_not_as_lost() -> None:
+    poison = Stored("p", "app", "t", "s", 2, 0, poison=True)
+    stored = [sent("a", 1), poison, sent("b", 3)]
+    writes = [wrote(1, "a", 1), wrote(2, "b", 1)]
+    report = check(stored, writes, handed={"p": LOOP_BOUND})
+    assert report.violations == 0 and report.poisoned == 1
+    looping = check(stored, writes, handed={"p": LOOP_BOUND + 1})
+    assert looping.looped == {"p": LOOP_BOUND + 1}
+    assert looping.describe() == [f"looped: poison signal p handed {LOOP_BOUND + 1} times"]
+    # A loop on it stalls the thread: the signals after it are lost.
+    stalled = check(stored, writes[:1], handed={"p": 40})
+    assert stalled.counts()["lost"] == 1 and stalled.counts()["looped"] == 1
 
 
 # -- real runs -------------------------------------------------------------------------
@@ -228,6 +243,7 @@ def test_short_run_with_faults_has_no_violation(backend: str, tmp_path: Path) ->
     assert res.drained_s is not None, "stored signals still unwritten after healing"
     # The run must have done something worth checking.
     assert res.report.signals >= 300
+    assert res.report.poisoned >= 1  # handler-raised CancelledErrors, never a loop or stall
     assert sum(n for k, n in res.faults.items() if "not injected" not in k) >= 5, res.faults
 
 

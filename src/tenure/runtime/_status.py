@@ -7,11 +7,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
-from .._contract import Capability, capabilities_of
+from .._contract import Capability, LeaseProvider, LeaseRecord, capabilities_of
+from ._identity import process_of, run_of
+from ._log import GROUP, LeaseTable, RuntimeLog
 from ._names import ThreadNames
-from ._session import GROUP, run_of
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -51,26 +52,28 @@ class ThreadStatus:
 
 
 async def thread_statuses(
-    leases: Any, log: Any, names: ThreadNames, thread_key: str | None = None
+    leases: LeaseProvider, log: object, names: ThreadNames, thread_key: str | None = None
 ) -> list[ThreadStatus]:
     """The threads of ``names``' namespace with a run or unfinished signals, by key
     (only ``thread_key``'s when given). ``leases`` must declare ``OPERATIONS``
     (or ``RECORD`` for one thread); ``log`` is read with ``backlog`` when it
     declares ``BACKLOG``."""
     prefix = names.name(thread_key) if thread_key is not None else names.prefix
-    records = {}
+    records: dict[str, LeaseRecord] = {}
+    # Declared, never probed: the capabilities promise the methods read here.
+    table = cast(LeaseTable, leases)
     if thread_key is not None and Capability.OPERATIONS not in capabilities_of(leases):
-        record = await leases.get_lease(prefix)
+        record = await table.get_lease(prefix)
         if record is not None:
             records[thread_key] = record
     else:
-        async for name, record in leases.scan_leases(prefix):
+        async for name, record in table.scan_leases(prefix):
             key = names.thread_of(name)
             if key is not None and (thread_key is None or key == thread_key):
                 records[key] = record
     pending: set[str] = set()
     if Capability.BACKLOG in capabilities_of(log):
-        for name in await log.backlog(prefix, GROUP):
+        for name in await cast(RuntimeLog, log).backlog(prefix, GROUP):
             key = names.thread_of(name)
             if key is not None and (thread_key is None or key == thread_key):
                 pending.add(key)
@@ -82,7 +85,7 @@ async def thread_statuses(
             ThreadStatus(
                 thread_key=key,
                 owner=owner,
-                process_id=None if owner is None else owner.rpartition("/")[0],
+                process_id=process_of(owner),
                 run_id=run_of(owner),
                 token=None if record is None else record.token,
                 ttl_ms=None if record is None else record.ttl_ms,
@@ -102,12 +105,13 @@ def with_sessions(
             key, session.owner, process_id, session.run_id, session.token, None, False
         )
         # ``inflight`` holds every signal received and not settled, the queued included.
-        queued = len(session.buffer)
+        inbox = session.inbox
+        queued = len(inbox.buffer)
         by_key[key] = replace(
             base,
             local=True,
             queued=queued,
-            in_flight=len(session.inflight) - queued,
+            in_flight=len(inbox.inflight) - queued,
             held_ms=int((time.monotonic() - session.taken_at) * 1000),
         )
     return [by_key[k] for k in sorted(by_key)]

@@ -9,7 +9,7 @@ from typing import Any, Self
 from .._errors import TenureError
 from .._lifecycle import Closeable
 from ..runtime import SendResult, ThreadRuntime
-from ..runtime._runtime import Handler
+from ..runtime._run import Handler
 from ._backend import SyncBackend
 from ._hold import _backend
 from ._portal import call

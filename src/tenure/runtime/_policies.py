@@ -1,0 +1,96 @@
+"""What a new signal does to its thread's active run (double-texting), as declared rules.
+
+A :class:`SendRule` says what a signal sent under a policy may do; the sender
+(:mod:`._sending`) and the owner (:func:`overtake`) apply every rule by the
+same few steps, deciding from whether a run is active and what waits. A new
+policy is a new rule in :data:`RULES`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import get_args
+
+from .._errors import InvalidArgument
+from ._inbox import Inbox
+from ._run import RunEnd, ThreadRun, current_signal, stop
+from ._types import Policy
+
+__all__ = ["RULES", "SendRule", "overtake", "rule_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class SendRule:
+    """What a signal sent under the policy ``name`` does to its thread.
+
+    ``admitted_while_active``: stored while a run of the thread is active
+    (otherwise the send answers ``"rejected"`` and stores nothing; the sender
+    then looks for the run before storing). ``cancels_run``: the active run is
+    cancelled (``run.interrupted`` is set) and the next one starts with the new
+    signal. ``drops_older``: the signals waiting before it are acknowledged
+    unhandled.
+    """
+
+    name: Policy
+    admitted_while_active: bool = True
+    cancels_run: bool = False
+    drops_older: bool = False
+
+    @property
+    def tells_owner(self) -> bool:
+        """Whether the owner must hear of the signal at once, ahead of the log's order."""
+        return self.cancels_run or self.drops_older
+
+
+RULES: dict[str, SendRule] = {
+    rule.name: rule
+    for rule in (
+        SendRule("enqueue"),
+        SendRule("interrupt", cancels_run=True, drops_older=True),
+        SendRule("reject", admitted_while_active=False),
+    )
+}
+
+
+def rule_for(policy: object) -> SendRule:
+    """The rule of ``policy``; ``InvalidArgument`` for an unknown one."""
+    rule = RULES.get(policy) if isinstance(policy, str) else None
+    if rule is None:
+        raise InvalidArgument(
+            f"policy must be one of {', '.join(get_args(Policy))}, got {policy!r}"
+        )
+    return rule
+
+
+def overtake(
+    rule: SendRule,
+    run: ThreadRun | None,
+    task: asyncio.Task[RunEnd] | None,
+    inbox: Inbox,
+    signal_id: str,
+    sent_at: float,
+) -> None:
+    """At the owner: apply ``rule`` for the newer signal ``signal_id`` (sent at ``sent_at``).
+
+    Only an active run is overtaken, once, and only for signals sent before
+    ``signal_id``, whatever order the owner reads the signal and the request in:
+    a request whose signal a run of this session took already comes too late and
+    changes nothing, and a run handling a signal sent after ``signal_id`` (by the
+    senders' clocks) goes on.
+    """
+    if not rule.tells_owner or run is None or task is None or task.done() or run.interrupted:
+        return
+    if inbox.was_taken(signal_id):
+        return  # handled, or being handled: nothing sent before it waits any more
+    current = current_signal(run)
+    newer_runs = current is not None and current.sent_at > sent_at
+    skipped = inbox.skip_through(signal_id, sent_at) if rule.drops_older else []
+    if newer_runs and not skipped:
+        return
+    cancel = rule.cancels_run and not newer_runs
+    if cancel:
+        run.interrupted = True
+    run.emit("interrupted", signal_id, f"{len(skipped)} waiting signal(s) skipped")
+    if cancel:
+        stop(run, task, "interrupted", f"interrupted by signal {signal_id}")

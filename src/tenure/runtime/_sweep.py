@@ -1,0 +1,87 @@
+"""Sweeping: start a session for every thread of the namespace left with unfinished signals."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+
+from .._errors import TenureError
+from ._log import GROUP, RuntimeLog
+from ._names import ThreadNames
+from ._sessions import Sessions
+
+__all__ = ["Sweeper"]
+
+logger = logging.getLogger("tenure.runtime")
+
+
+class Sweeper:
+    """Every ``interval`` seconds (or when poked), asks the log which threads have
+    signals not yet acknowledged (``Capability.BACKLOG``) and tries to take over
+    each one this process does not own: a thread whose owner died is taken as
+    soon as its lease expires; one whose sender died before anyone read its
+    signal is started."""
+
+    def __init__(
+        self,
+        log: RuntimeLog,
+        names: ThreadNames,
+        sessions: Sessions,
+        thread_lock: Callable[[str], AbstractAsyncContextManager[None]],
+        interval: float,
+    ) -> None:
+        self._log = log
+        self._names = names
+        self._sessions = sessions
+        self._thread_lock = thread_lock
+        self._interval = interval
+        self._now = asyncio.Event()
+        # Threads whose lease the last sweep was refused: the holder it named.
+        self._holders: dict[str, str] = {}
+
+    def poke(self) -> None:
+        """Sweep now rather than at the next interval."""
+        self._now.set()
+
+    async def loop(self) -> None:
+        while not self._sessions.closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._now.wait(), self._interval)
+            self._now.clear()
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                # A callee's cancellation, not ours: one failed sweep, not the last.
+                logger.warning("sweeping for unfinished threads was cancelled by a callee")
+            except Exception as exc:
+                logger.warning("sweeping for unfinished threads failed: %r", exc)
+
+    async def sweep(self) -> None:
+        """Start a session for every thread of the namespace with unfinished signals and no owner."""
+        sessions = self._sessions
+        names: list[str] = await self._log.backlog(self._names.prefix, GROUP)
+        # Only the holders seen by the previous sweep are kept: the one that refused
+        # it then is the owner a takeover now replaces (it expired or let go since).
+        holders, self._holders = self._holders, {}
+        for name in names:
+            thread_key = self._names.thread_of(name)
+            if thread_key is None or sessions.get(thread_key) is not None or sessions.closed:
+                continue
+            async with self._thread_lock(thread_key):
+                if sessions.get(thread_key) is not None or sessions.closed:
+                    continue
+                try:
+                    started, holder = await sessions.try_start(
+                        thread_key, "takeover", previous=holders.get(thread_key)
+                    )
+                except TenureError as exc:
+                    logger.warning("taking over %r: %s", thread_key, exc)
+                    continue
+                if started is None and holder is not None:
+                    self._holders[thread_key] = holder
