@@ -21,6 +21,7 @@ __all__ = [
     "Event",
     "LeaseFence",
     "PubSub",
+    "call_back",
     "check_backlog",
     "check_callback",
     "check_group",
@@ -165,6 +166,26 @@ async def remove_member(groups: dict[_K, _G], callback: Callback) -> list[tuple[
         if not target.workers:
             emptied.append((slot, target))
     return emptied
+
+
+async def call_back(callback: Callback, event: Event) -> BaseException | None:
+    """Deliver ``event`` to ``callback``: ``None`` if it returned, else what it raised.
+
+    A ``CancelledError`` is the callback's failure like any other exception,
+    unless the task running it was asked to stop (``Task.cancel``, as tenure
+    does to unsubscribe or close): only then does it propagate. A callback that
+    awaits a task someone else cancelled must not end its subscription.
+    """
+    try:
+        await callback(event)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise
+        return exc
+    except Exception as exc:
+        return exc
+    return None
 
 
 def check_callback(callback: Any) -> Callback:

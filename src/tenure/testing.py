@@ -742,6 +742,36 @@ class PubSubContract:
         await pubsub.unsubscribe(topic, flaky)
 
     @pytest.mark.asyncio
+    async def test_a_cancellation_the_callback_lets_out_is_its_failure(
+        self, pubsub: Any, topic: str
+    ) -> None:
+        # A CancelledError that nobody asked of the delivery (here: from awaiting
+        # a task someone else cancelled) is a raise like any other: the event
+        # comes again, and the subscription goes on.
+        got: dict[str, list[tuple[Any, int]]] = {"fan-out": [], "group": []}
+
+        def member(name: str) -> Callable[[Event], Awaitable[None]]:
+            async def callback(event: Event) -> None:
+                got[name].append((event.data, event.attempt))
+                if event.data == 0 and event.attempt == 1:
+                    other = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+                    other.cancel()
+                    await other
+
+            return callback
+
+        fan_out, grouped = member("fan-out"), member("group")
+        await pubsub.subscribe(topic, fan_out)
+        await pubsub.subscribe(topic, grouped, group="g")
+        await pubsub.publish(topic, Event(type="t", data=0))
+        await eventually(lambda: all((0, 2) in g for g in got.values()), timeout=10)
+        await pubsub.publish(topic, Event(type="t", data=1))
+        await eventually(lambda: all((1, 1) in g for g in got.values()), timeout=10)
+        assert got == {"fan-out": [(0, 1), (0, 2), (1, 1)], "group": [(0, 1), (0, 2), (1, 1)]}
+        await pubsub.unsubscribe(topic, fan_out)
+        await pubsub.unsubscribe(topic, grouped)
+
+    @pytest.mark.asyncio
     async def test_unsubscribed_callback_gets_nothing_more(self, pubsub: Any, topic: str) -> None:
         got: list[Any] = []
 

@@ -23,7 +23,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from ..._errors import BackendUnavailable
-from ..._pubsub import Callback, Event
+from ..._pubsub import Callback, Event, call_back
 from ._connection import RedisParts, load_script
 
 __all__ = ["StreamReader"]
@@ -205,73 +205,81 @@ class StreamReader(RedisParts):
                 return
             start = b"(" + pending[-1]["message_id"]
 
-    async def _handle(self, sub: _Sub, entry_id: bytes, fields: Any, attempt: int) -> None:
-        if sub.stopped:
-            return  # left pending: unsubscribe hands it back to the group
+    def _event(self, sub: _Sub, entry_id: bytes, fields: Any, attempt: int) -> Event | None:
+        """The entry's event, or ``None`` (logged) if it is not one or is spent."""
         raw = fields.get(b"e") if isinstance(fields, dict) else None
-        event: Event | None = None
-        if raw is not None:
-            try:
-                event = Event.from_json(raw, attempt=attempt)
-            except (ValueError, KeyError, TypeError):
-                logger.error(
-                    "topic %r: entry %r is not a tenure event; dropping it", sub.topic, entry_id
-                )
-        if event is not None and event.attempt > self._max_attempts:
+        if raw is None:
+            return None  # trimmed from the stream while pending
+        try:
+            event = Event.from_json(raw, attempt=attempt)
+        except (ValueError, KeyError, TypeError):
+            logger.error(
+                "topic %r: entry %r is not a tenure event; dropping it", sub.topic, entry_id
+            )
+            return None
+        if event.attempt > self._max_attempts:
             logger.error(
                 "topic %r: event %s was delivered %d times without success; dropping it",
                 sub.topic,
                 event.id,
                 event.attempt - 1,
             )
-            event = None
+            return None
+        return event
+
+    async def _handle(self, sub: _Sub, entry_id: bytes, fields: Any, attempt: int) -> None:
+        if sub.stopped:
+            return  # left pending: unsubscribe hands it back to the group
+        event = self._event(sub, entry_id, fields, attempt)
         while event is not None:
-            try:
-                await sub.callback(event)
-            except Exception:
-                if event.attempt >= self._max_attempts:
-                    logger.error(
-                        "callback for topic %r raised on event %s %d times; dropping it",
-                        sub.topic,
-                        event.id,
-                        event.attempt,
-                        exc_info=True,
-                    )
-                    break
-                logger.warning(
-                    "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
+            # A CancelledError out of here (the reader is stopped) skips the
+            # acknowledgement: the event stays pending, and in a named group
+            # another member claims it.
+            failure = await call_back(sub.callback, event)
+            if failure is None:
+                break
+            if event.attempt >= self._max_attempts:
+                logger.error(
+                    "callback for topic %r raised on event %s %d times; dropping it",
                     sub.topic,
                     event.id,
                     event.attempt,
-                    self._max_attempts,
-                    exc_info=True,
+                    exc_info=failure,
                 )
-                event = replace(event, attempt=event.attempt + 1)
-                # Record the attempt in the group (and reset the idle time) so a
-                # crash now resumes with the right count and nobody steals it.
-                # Unless it was taken away meanwhile: then its holder delivers it.
-                mine = 1
-                with contextlib.suppress(BackendUnavailable):
-                    mine = await self._eval(
-                        _SETTLE,
-                        (sub.stream,),
-                        (sub.group, sub.consumer, event.attempt, entry_id),
-                    )
-                if not mine:
-                    logger.info(
-                        "topic %r: event %s was given back to the group; not retrying it here",
-                        sub.topic,
-                        event.id,
-                    )
-                    return
-            else:
                 break
-        # CancelledError skips this: the event stays pending, and in a named
-        # group another member claims it. An event taken away meanwhile (by a
-        # reclaim) is not acknowledged when the batch is: it is its new holder's.
+            logger.warning(
+                "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
+                sub.topic,
+                event.id,
+                event.attempt,
+                self._max_attempts,
+                exc_info=failure,
+            )
+            event = replace(event, attempt=event.attempt + 1)
+            if not await self._record_attempt(sub, entry_id, event):
+                return
+        # An event taken away meanwhile (by a reclaim) is not acknowledged when
+        # the batch is: it is its new holder's.
         sub.acks.append(entry_id)
         if len(sub.acks) >= _ACK_BATCH:
             await self.write_acks(sub)
+
+    async def _record_attempt(self, sub: _Sub, entry_id: bytes, event: Event) -> bool:
+        """Record the attempt about to be made in the group (and reset the idle
+        time), so a crash now resumes with the right count and nobody steals it.
+        ``False`` if the entry was taken away meanwhile: its holder delivers it."""
+        mine = 1
+        with contextlib.suppress(BackendUnavailable):
+            mine = await self._eval(
+                _SETTLE, (sub.stream,), (sub.group, sub.consumer, event.attempt, entry_id)
+            )
+        if not mine:
+            logger.info(
+                "topic %r: event %s was given back to the group; not retrying it here",
+                sub.topic,
+                event.id,
+            )
+        return bool(mine)
 
     async def write_acks(self, sub: _Sub) -> None:
         """Acknowledge the entries whose callback returned, those this consumer
