@@ -22,6 +22,7 @@ of its own, so a shared server is fine.
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -111,6 +112,26 @@ def _bad_arguments() -> list[tuple[str, str, tuple[Any, ...], str]]:
 
 
 _BAD = _bad_arguments()
+
+# Events no backend may store, each with the argument its error names.
+_BAD_EVENTS: list[tuple[Event, str, str]] = [
+    (Event(type=""), "event.type", "must not be empty"),
+    (Event(type=7), "event.type", "must be a str"),  # type: ignore[arg-type]  # on purpose
+    (Event(type="t\ud800"), "event.type", "encodable as UTF-8"),
+    (Event(type="t", id=123), "event.id", "must be a str"),  # type: ignore[arg-type]  # on purpose
+    (Event(type="t", id=""), "event.id", "must not be empty"),
+    (Event(type="t", id="x" * 1025), "event.id", "at most 1024 bytes"),
+    (Event(type="t", id="a\ud800"), "event.id", "encodable as UTF-8"),
+    (Event(type="t", run_id="a\udfff"), "event.run_id", "encodable as UTF-8"),
+    (Event(type="t", data="a\ud800"), "event.data", "encodable as UTF-8"),
+    (Event(type="t", data={"k\ud800": 1}), "event.data", "encodable as UTF-8"),
+    (Event(type="t", data=object()), "event.data", "JSON-serialisable"),
+    (Event(type="t", created_at=math.nan), "event.created_at", "finite"),
+    (Event(type="t", created_at=math.inf), "event.created_at", "finite"),
+    (Event(type="t", created_at=10**400), "event.created_at", "finite"),
+    (Event(type="t", created_at="1"), "event.created_at", "number of seconds"),  # type: ignore[arg-type]  # on purpose
+    (Event(type="t", created_at=True), "event.created_at", "number of seconds"),
+]
 
 
 # The methods each capability promises (CONTRACT section 3).
@@ -823,3 +844,29 @@ class PubSubContract:
             await pubsub.publish(topic, {"type": "t"})
         with pytest.raises(InvalidArgument):
             await pubsub.publish("", Event(type="t"))
+
+    @pytest.mark.asyncio
+    @pytest.mark.parametrize(("event", "arg", "why"), _BAD_EVENTS)
+    async def test_bad_event_field_raises_invalid_argument_before_any_io(
+        self, pubsub: Any, topic: str, event: Event, arg: str, why: str
+    ) -> None:
+        got: list[Event] = []
+
+        async def callback(received: Event) -> None:
+            got.append(received)
+
+        await pubsub.subscribe(topic, callback, group="g")
+        with pytest.raises(InvalidArgument) as info:
+            await pubsub.publish(topic, event)
+        assert str(info.value).startswith(arg + " "), str(info.value)
+        assert why in str(info.value)
+        await pubsub.publish(topic, Event(type="t", data="good"))
+        await pubsub.flush()
+        await eventually(lambda: len(got) == 1)
+        assert [e.data for e in got] == ["good"]
+        await pubsub.unsubscribe(topic, callback)
+        # A closed backend does no I/O: InvalidArgument, not BackendClosed, shows
+        # that the event was checked first.
+        await pubsub.aclose()
+        with pytest.raises(InvalidArgument):
+            await pubsub.publish(topic, event)

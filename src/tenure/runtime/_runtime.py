@@ -115,7 +115,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -135,7 +134,7 @@ from .._errors import (
     TenureError,
 )
 from .._lifecycle import AsyncCloseable
-from .._pubsub import Event
+from .._pubsub import Event, check_data
 from .._renewer import renew_timing
 from .._validate import check_name, check_timeout, check_ttl
 from ._locks import KeyLocks
@@ -428,10 +427,7 @@ class ThreadRuntime(AsyncCloseable):
         name = self.names.name(thread_key)
         if signal_id is not None:
             check_name(signal_id, "signal_id")
-        try:
-            json.dumps(payload)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument(f"payload must be JSON-serialisable: {exc}") from None
+        check_data(payload, "payload")
         if self._sweeper is None or self._closed:
             await self.start()  # raises BackendClosed after aclose()
         event = Event(SIGNAL_TYPE, {"thread": thread_key, "payload": payload}, None, signal_id)

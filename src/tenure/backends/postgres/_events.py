@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..._errors import BackendUnavailable, InvalidArgument
+from ..._errors import BackendUnavailable
 from ..._pubsub import Callback, Event
 from .._claimed import ClaimedEvents, ClaimGroup, EventOptions, Outcome
 from ._connection import PgConnection
@@ -109,13 +109,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
 
     async def _append(self, topic: str, event: Event, given: bool) -> str | None:
         # One statement: the event and one claim per consumer group of the topic.
-        source: bytes | None = None
-        if given:
-            assert event.id is not None
-            try:
-                source = event.id.encode()
-            except UnicodeEncodeError:
-                raise InvalidArgument("event.id must be encodable as UTF-8") from None
+        source = event.id.encode() if given and event.id is not None else None
         topic_b = topic.encode()
         params = {
             "topic": topic_b,
