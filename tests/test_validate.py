@@ -3,13 +3,12 @@ from __future__ import annotations
 import enum
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tenure import InvalidArgument, MemoryPubSub, SqlitePubSub, ThreadRuntime
+from tenure import InvalidArgument, MemoryPubSub, SqlitePubSub, ThreadRun, ThreadRuntime
 from tenure._pubsub import check_data
 from tenure._validate import (
     KNOWN_NAMES,
@@ -216,7 +215,7 @@ def test_event_data() -> None:
 async def test_a_signal_payload_that_cannot_be_stored_is_refused_before_any_io(
     tmp_path: Path,
 ) -> None:
-    async def handler(run: Any, signal: Any) -> None:
+    async def handler(run: ThreadRun) -> None:
         pass
 
     async with SqlitePubSub(tmp_path / "t.db") as backend:
