@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -683,6 +684,37 @@ class PubSubContract:
         assert isinstance(published.id, str) and published.id
         assert isinstance(published.created_at, float)
         assert (published.type, published.data, published.run_id) == ("t", {"n": 1}, "r")
+
+    @pytest.mark.asyncio
+    async def test_an_event_with_an_old_created_at_is_kept_until_handled(
+        self, pubsub: Any, topic: str
+    ) -> None:
+        # A replay publishes events as old as they are: retention and the dedupe
+        # window count from when the backend stored one, not from its created_at.
+        eight_days_ago = time.time() - 8 * 24 * 3600
+        got: list[Event] = []
+
+        async def callback(event: Event) -> None:
+            got.append(event)
+
+        await pubsub.subscribe(topic, callback, group="g")
+        old = [
+            await pubsub.publish(topic, Event(type="t", data=i, created_at=eight_days_ago + i))
+            for i in range(3)
+        ]
+        await pubsub.flush()
+        await eventually(lambda: len(got) == 3)
+        assert [(e.data, e.created_at) for e in got] == [(e.data, e.created_at) for e in old]
+        if Capability.DEDUPE in capabilities_of(pubsub):
+            kept = Event(type="t", data="kept", id=f"{topic}-old", created_at=eight_days_ago)
+            first = await pubsub.publish(topic, kept)
+            await pubsub.publish(topic, Event(type="t", data="new"))
+            again = await pubsub.publish(topic, kept)
+            assert (again.id, again.created_at) == (first.id, eight_days_ago)
+            await pubsub.flush()
+            await eventually(lambda: len(got) == 5)
+            assert [e.data for e in got[3:]] == ["kept", "new"]
+        await pubsub.unsubscribe(topic, callback)
 
     @pytest.mark.asyncio
     async def test_fan_out_reaches_every_subscriber(self, pubsub: Any, topic: str) -> None:

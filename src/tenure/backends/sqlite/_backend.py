@@ -161,8 +161,10 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     heartbeat; a process stopped for that long joins again at the log's end
     and misses what was published meanwhile (logged at WARNING). Events every group of
     their topic has acknowledged are pruned every ``prune_interval`` seconds
-    (default 10), and any event older than ``retention`` (default 7 days) is
-    pruned even if unacknowledged, so the file does not grow without bound.
+    (default 10), and any event stored more than ``retention`` ago (default 7
+    days; counted from when the log stored it, not from its ``created_at``, so a
+    replayed old event is delivered) is pruned even if unacknowledged, so the
+    file does not grow without bound.
 
     **Deduplication** (``DEDUPE``). A publish whose caller set ``event.id``
     stores nothing if the topic's log still keeps an event with that id, and
@@ -170,7 +172,7 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     unique index on (topic, id), inside the publishing transaction, so two
     concurrent publishes of one id, from any processes, store one event. Such
     events are kept (even acknowledged) for ``dedupe_window`` seconds after
-    their ``created_at`` (default 24 hours; at most ``retention``; removed by the
+    they were stored (default 24 hours; at most ``retention``; removed by the
     first prune after that), so a retry within that window is recognised. An
     event that was not stored (its topic had no group) is not remembered.
     Events without a caller id cost nothing more: they are not in the index.
