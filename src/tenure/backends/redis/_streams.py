@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
@@ -34,6 +35,8 @@ _HAND_BACK = load_script("hand_back")
 _PUBLISH = load_script("publish")
 _RECLAIM = load_script("reclaim")
 _BACKLOG = load_script("backlog")
+# Topics without a local subscriber whose last publish flush still knows.
+_PUBLISHED_MAX = 1024
 # Topics checked by one run of backlog.lua: bounds how long one script blocks Redis.
 _BACKLOG_BATCH = 256
 
@@ -72,7 +75,10 @@ class RedisStreams(StreamReader, PubSub):
         self._claim_idle_ms = claim_idle_ms
         self._block_ms = block_ms
         self._subs: dict[str, dict[Callback, _Sub]] = {}
-        self._published: dict[str, tuple[int, int]] = {}
+        # Per topic, the newest entry this instance published (what flush waits
+        # for): every topic with a local subscriber, and the last
+        # _PUBLISHED_MAX others, so that a topic per conversation does not leak.
+        self._published: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._consumers = 0
 
     def _stream_key(self, topic: str) -> bytes:
@@ -110,10 +116,23 @@ class RedisStreams(StreamReader, PubSub):
         )
         if not stored:
             return Event.from_json(value)
-        parsed = _parse_id(value)
-        if parsed > self._published.get(topic, (0, 0)):
-            self._published[topic] = parsed
+        self._note_published(topic, _parse_id(value))
         return event
+
+    def _note_published(self, topic: str, entry: tuple[int, int]) -> None:
+        published = self._published
+        if entry > published.get(topic, (0, 0)):
+            published[topic] = entry
+        published.move_to_end(topic)
+        subscribed = self._subs
+        # At most len(subscribed) entries are kept for a subscriber: the loop
+        # ends once one without is dropped.
+        while len(published) > _PUBLISHED_MAX + len(subscribed):
+            oldest, mark = published.popitem(last=False)
+            if oldest in subscribed:
+                published[oldest] = mark
+            else:
+                break
 
     async def reclaim(self, topic: str, group: str) -> int:
         """Give every event of ``group`` on ``topic`` that a member (alive or
@@ -280,7 +299,8 @@ class RedisStreams(StreamReader, PubSub):
         """Wait until local subscribers are done with what this instance published.
 
         Guarantee: for every topic this instance published to and that has a
-        local subscriber, every event published through this instance before
+        local subscriber (published while it had one, or among the last 1,024
+        other topics it published to), every event published through this instance before
         the call has been delivered by each local subscription's consumer
         group and is no longer pending at that subscription (its callback
         returned, or the event was dropped after ``max_attempts``). An event
