@@ -431,6 +431,6 @@ class RedisClusterPubSub(RedisStreamsPubSub):
     :meth:`RedisStreamsPubSub.from_url`, without ``db`` (a cluster has one).
     """
 
-    capabilities = RedisStreamsPubSub.capabilities & ~Capability.BACKLOG
+    capabilities = RedisStreamsPubSub.capabilities & ~(Capability.BACKLOG | Capability.FENCED_TAKES)
     _cluster_client = True
     _client_kind = "redis.asyncio.RedisCluster"

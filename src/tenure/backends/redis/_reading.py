@@ -23,7 +23,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from ..._errors import BackendUnavailable
-from ..._pubsub import Callback, Event, call_back
+from ..._pubsub import Callback, Event, LeaseFence, call_back
 from ._connection import RedisParts, load_script
 
 __all__ = ["StreamReader"]
@@ -31,6 +31,8 @@ __all__ = ["StreamReader"]
 logger = logging.getLogger("tenure.redis")
 
 _SETTLE = load_script("settle")
+_FENCED = load_script("fenced")
+_FENCED_RETRY = 0.1  # seconds before a read that the fence held off looks again
 # Acknowledgements written by one run of the script at most.
 _ACK_BATCH = 256
 # The consumer that holds handed-back and reclaimed entries until a member takes
@@ -40,6 +42,11 @@ _RETURNED = b"tenure.returned"
 # yet below the server's clock in ms (Redis ignores an IDLE that would place the
 # delivery before the epoch).
 _RETURNED_IDLE_MS = 10 * 365 * 24 * 3600 * 1000
+
+
+def _fields(raw: Any) -> Any:
+    """An entry's fields as a dict (a script's reply has them as a flat list)."""
+    return dict(zip(raw[::2], raw[1::2], strict=True)) if isinstance(raw, list) else raw
 
 
 def _entries(reply: Any) -> list[tuple[bytes, Any]]:
@@ -61,6 +68,11 @@ class _Sub:
     group: str
     consumer: str
     fanout: bool
+    # Take entries only while this lease is held (see lua/fenced.lua); its key.
+    fence: LeaseFence | None = None
+    fence_key: bytes = b""
+    # The last take was fenced off (flush does not wait for such a subscriber).
+    fenced: bool = False
     task: asyncio.Task[None] | None = None
     # Set by unsubscribe: from then on the reader hands nothing to the callback.
     stopped: bool = False
@@ -85,7 +97,6 @@ class StreamReader(RedisParts):
 
     async def _read_loop(self, sub: _Sub) -> None:
         loop = asyncio.get_running_loop()
-        client = self._client
         backoff = 0.05
         next_claim = loop.time()
         # Entries handed back by a leaving member are claimable at once: look for
@@ -107,17 +118,10 @@ class StreamReader(RedisParts):
                 if history:
                     await self._redeliver_own(sub)
                     history = False
-                reply = await self._io(
-                    client.xreadgroup,
-                    sub.group,
-                    sub.consumer,
-                    {sub.stream: ">"},
-                    count=64,
-                    block=self._block_ms,
-                    blocking=True,
+                entries = await (
+                    self._read_new(sub) if sub.fence is None else self._read_fenced(sub)
                 )
                 backoff = 0.05
-                entries = _entries(reply)
                 if entries and not sub.fanout:
                     # Entries given back while this read was blocked are older
                     # than the new ones: they go first.
@@ -126,25 +130,93 @@ class StreamReader(RedisParts):
                     await self._handle(sub, entry_id, fields, 1)
             except BackendUnavailable as exc:
                 history = True
-                cause = exc.__cause__
-                if isinstance(cause, ResponseError) and "NOGROUP" in str(cause):
-                    # The stream or group vanished (deleted, or a restart without
-                    # persistence): start again at the end of the stream.
-                    logger.warning(
-                        "consumer group of topic %r disappeared; recreating it", sub.topic
-                    )
-                    with contextlib.suppress(BackendUnavailable):
-                        await self._create_group(sub)
-                    continue
-                logger.warning(
-                    "reading topic %r from Redis at %s failed (%s); retrying in %.2f s",
-                    sub.topic,
-                    self._where,
-                    exc,
-                    backoff,
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                backoff = await self._read_failed(sub, exc, backoff)
+
+    async def _read_failed(self, sub: _Sub, exc: BackendUnavailable, backoff: float) -> float:
+        """Recover from a failed read; the backoff for the next failure."""
+        cause = exc.__cause__
+        if isinstance(cause, ResponseError) and "NOGROUP" in str(cause):
+            # The stream or group vanished (deleted, or a restart without
+            # persistence): start again at the end of the stream.
+            logger.warning("consumer group of topic %r disappeared; recreating it", sub.topic)
+            with contextlib.suppress(BackendUnavailable):
+                await self._create_group(sub)
+            return backoff
+        logger.warning(
+            "reading topic %r from Redis at %s failed (%s); retrying in %.2f s",
+            sub.topic,
+            self._where,
+            exc,
+            backoff,
+        )
+        await asyncio.sleep(backoff)
+        return min(backoff * 2, 2.0)
+
+    async def _read_new(self, sub: _Sub) -> list[tuple[bytes, Any]]:
+        """Up to 64 new entries, waiting up to ``block_ms`` for one."""
+        reply = await self._io(
+            self._client.xreadgroup,
+            sub.group,
+            sub.consumer,
+            {sub.stream: ">"},
+            count=64,
+            block=self._block_ms,
+            blocking=True,
+        )
+        return _entries(reply)
+
+    async def _read_fenced(self, sub: _Sub) -> list[tuple[bytes, Any]]:
+        """:meth:`_read_new` under the subscription's fence: new entries are taken in a
+        script that checks the lease first, never by a blocking read that could
+        take them after the lease is gone; the wait is a plain ``XREAD BLOCK``,
+        which takes nothing."""
+        done = await self._fenced(
+            sub, b"XREADGROUP", b"GROUP", sub.group, sub.consumer, b"COUNT", 64,
+            b"STREAMS", sub.stream, b">",
+        )  # fmt: skip
+        if done is None:
+            # Fenced off: this subscriber's lease is not held. Its holder
+            # unsubscribes soon; look again meanwhile, slowly.
+            await asyncio.sleep(_FENCED_RETRY)
+            return []
+        reply, newest = done
+        entries = [(entry_id, _fields(raw)) for entry_id, raw in _entries(reply)]
+        if not entries:
+            await self._io(
+                self._client.xread,
+                {sub.stream: newest},
+                count=1,
+                block=self._block_ms,
+                blocking=True,
+            )
+        return entries
+
+    async def _fenced(self, sub: _Sub, *command: Any) -> tuple[Any, bytes] | None:
+        """``command`` on the stream, run only while the fence holds (``lua/fenced.lua``):
+        its reply and the stream's newest id, or ``None`` when fenced off."""
+        assert sub.fence is not None
+        reply = await self._eval(
+            _FENCED, (sub.fence_key, sub.stream), (sub.fence.owner_prefix.encode(), *command)
+        )
+        sub.fenced = not reply[0]
+        return (reply[1], reply[2]) if reply[0] else None
+
+    async def _claim(
+        self, sub: _Sub, min_idle_ms: int, ids: list[bytes]
+    ) -> list[tuple[bytes, Any]] | None:
+        """``XCLAIM`` the entries ``ids`` for this consumer (under the fence, if
+        any): the entries claimed, or ``None`` when fenced off."""
+        if sub.fence is None:
+            claimed = await self._io(
+                self._client.xclaim, sub.stream, sub.group, sub.consumer, min_idle_ms, ids
+            )
+            return list(claimed or ())
+        done = await self._fenced(
+            sub, b"XCLAIM", sub.stream, sub.group, sub.consumer, min_idle_ms, *ids
+        )
+        if done is None:
+            return None
+        return [(entry[0], _fields(entry[1])) for entry in done[0] or () if entry]
 
     async def _redeliver_own(self, sub: _Sub) -> None:
         """Handle the entries this consumer was given but never acknowledged."""
@@ -157,10 +229,10 @@ class StreamReader(RedisParts):
                 return
             counts = {p["message_id"]: int(p["times_delivered"]) for p in pending}
             # XCLAIM to ourselves bumps the delivery count and returns the entries.
-            claimed = await self._io(
-                client.xclaim, sub.stream, sub.group, sub.consumer, 0, list(counts)
-            )
-            for entry_id, fields in claimed or ():
+            claimed = await self._claim(sub, 0, list(counts))
+            if claimed is None:
+                return  # fenced off: the lease's next holder reclaims them
+            for entry_id, fields in claimed:
                 await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
             await self.write_acks(sub)
             if len(pending) < 64:
@@ -190,15 +262,10 @@ class StreamReader(RedisParts):
             if counts:
                 # The min-idle makes a race with another member's claim harmless:
                 # the first claim resets the idle time, so the second takes nothing.
-                claimed = await self._io(
-                    client.xclaim,
-                    sub.stream,
-                    sub.group,
-                    sub.consumer,
-                    self._claim_idle_ms,
-                    list(counts),
-                )
-                for entry_id, fields in claimed or ():
+                claimed = await self._claim(sub, self._claim_idle_ms, list(counts))
+                if claimed is None:
+                    return  # fenced off
+                for entry_id, fields in claimed:
                     await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
                 await self.write_acks(sub)
             if len(pending) < 64:

@@ -21,8 +21,16 @@ from typing import TYPE_CHECKING
 from redis.exceptions import ResponseError
 
 from ..._contract import Capability
-from ..._errors import BackendUnavailable, InvalidArgument
-from ..._pubsub import Callback, Event, PubSub, check_backlog, check_publish, check_subscribe
+from ..._errors import BackendUnavailable, ConfigurationError, InvalidArgument
+from ..._pubsub import (
+    Callback,
+    Event,
+    LeaseFence,
+    PubSub,
+    check_backlog,
+    check_publish,
+    check_subscribe,
+)
 from ..._validate import check_name
 from ._connection import _tag, load_script
 from ._reading import _RETURNED, _RETURNED_IDLE_MS, StreamReader, _Sub
@@ -51,7 +59,7 @@ class RedisStreams(StreamReader, PubSub):
     """Durable pub/sub on Redis Streams; the guarantees are in the
     :class:`~tenure.backends.redis.RedisStreamsPubSub` docstring."""
 
-    capabilities = Capability.RUNTIME_LOG
+    capabilities = Capability.RUNTIME_LOG | Capability.FENCED_TAKES
 
     # From the lease core, with which the backend combines this half.
     _closed: bool
@@ -59,6 +67,8 @@ class RedisStreams(StreamReader, PubSub):
     if TYPE_CHECKING:
 
         def _check_open(self) -> None: ...
+
+        def _lease_key(self, key: str) -> tuple[bytes, bytes]: ...
 
     def _setup_streams(
         self,
@@ -188,15 +198,31 @@ class RedisStreams(StreamReader, PubSub):
             out.extend(b.decode("utf-8") for b in busy)
         return out
 
-    async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
+    async def subscribe(
+        self,
+        topic: str,
+        callback: Callback,
+        *,
+        group: str | None = None,
+        fence: LeaseFence | None = None,
+    ) -> None:
         """Deliver ``topic`` to ``callback``: every event (no ``group``) or a share of the group's.
 
         A new group, and every fan-out subscription, starts at the end of the
         stream: events published after this returns are delivered. An
-        existing group continues where it was.
+        existing group continues where it was. With ``fence``
+        (``Capability.FENCED_TAKES``), entries are taken for this subscription
+        only while that lease is held (see :class:`~tenure.LeaseFence`): each
+        take is a script that checks the lease first, and the subscriber waits
+        for new entries with a plain ``XREAD BLOCK``, which takes nothing.
         """
-        check_subscribe(topic, callback, group)
+        check_subscribe(topic, callback, group, fence)
         self._check_open()
+        if fence is not None and Capability.FENCED_TAKES not in self.capabilities:
+            raise ConfigurationError(
+                f"{type(self).__name__} cannot fence takes (the lease and the stream "
+                "are in different slots): it does not declare Capability.FENCED_TAKES"
+            )
         subs = self._subs.setdefault(topic, {})
         if callback in subs:
             raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
@@ -209,6 +235,8 @@ class RedisStreams(StreamReader, PubSub):
             group=name,
             consumer=f"{self._instance}-{self._consumers}",
             fanout=group is None,
+            fence=fence,
+            fence_key=b"" if fence is None else self._lease_key(fence.key)[0],
         )
         subs[callback] = sub
         try:
@@ -305,7 +333,8 @@ class RedisStreams(StreamReader, PubSub):
         group and is no longer pending at that subscription (its callback
         returned, or the event was dropped after ``max_attempts``). An event
         of a named group taken by a member in another process is not waited
-        for, nor are events published by other clients. Polls Redis every
+        for, nor are events published by other clients, nor a fenced
+        subscription whose last take was fenced off. Polls Redis every
         5 ms; returns early if the backend is closed meanwhile.
         """
         self._check_open()
@@ -321,6 +350,8 @@ class RedisStreams(StreamReader, PubSub):
                 delivered = {g["name"]: g["last-delivered-id"] for g in groups}
                 end = f"{target[0]}-{target[1]}"
                 for sub in subs:
+                    if sub.fenced:
+                        continue  # takes nothing until its lease is held again
                     last = delivered.get(sub.group.encode("utf-8"))
                     if last is None or _parse_id(last) < target:
                         busy = True
