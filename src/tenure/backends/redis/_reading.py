@@ -73,6 +73,9 @@ class _Sub:
     fence_key: bytes = b""
     # The last take was fenced off (flush does not wait for such a subscriber).
     fenced: bool = False
+    # The stream's newest entry when the last take left nothing to take: the
+    # next one waits for an entry after it before taking.
+    newest: bytes | None = None
     task: asyncio.Task[None] | None = None
     # Set by unsubscribe: from then on the reader hands nothing to the callback.
     stopped: bool = False
@@ -170,6 +173,17 @@ class StreamReader(RedisParts):
         script that checks the lease first, never by a blocking read that could
         take them after the lease is gone; the wait is a plain ``XREAD BLOCK``,
         which takes nothing."""
+        if sub.newest is not None:
+            # Every entry up to it was delivered when the last take looked.
+            woke = await self._io(
+                self._client.xread,
+                {sub.stream: sub.newest},
+                count=1,
+                block=self._block_ms,
+                blocking=True,
+            )
+            if not woke:
+                return []
         done = await self._fenced(
             sub, b"XREADGROUP", b"GROUP", sub.group, sub.consumer, b"COUNT", 64,
             b"STREAMS", sub.stream, b">",
@@ -177,18 +191,13 @@ class StreamReader(RedisParts):
         if done is None:
             # Fenced off: this subscriber's lease is not held. Its holder
             # unsubscribes soon; look again meanwhile, slowly.
+            sub.newest = None
             await asyncio.sleep(_FENCED_RETRY)
             return []
         reply, newest = done
         entries = [(entry_id, _fields(raw)) for entry_id, raw in _entries(reply)]
-        if not entries:
-            await self._io(
-                self._client.xread,
-                {sub.stream: newest},
-                count=1,
-                block=self._block_ms,
-                blocking=True,
-            )
+        # Fewer than asked for: nothing newer was left to take.
+        sub.newest = newest if len(entries) < 64 else None
         return entries
 
     async def _fenced(self, sub: _Sub, *command: Any) -> tuple[Any, bytes] | None:
