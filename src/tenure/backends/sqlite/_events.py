@@ -187,18 +187,31 @@ class EventLog:
                     continue
                 conn.execute(_TAKE_CLAIM, (attempt + 1, visible, self.consumer, gid, event_id))
                 claimed.append((event_id, attempt + 1, body))
-            room = _BATCH - len(claimed)
-            if room > 0:
-                fresh = conn.execute(_FRESH_EVENTS, (topic, cursor, room)).fetchall()
-                if fresh:
-                    conn.executemany(
-                        _NEW_CLAIM,
-                        [(gid, event_id, visible, self.consumer) for event_id, _ in fresh],
-                    )
-                    cursor = fresh[-1][0]
-                    conn.execute(_ADVANCE_GROUP, (cursor, gid))
-                    claimed.extend((event_id, 1, body) for event_id, body in fresh)
+            if len(claimed) < _BATCH:
+                cursor = self._claim_fresh(conn, gid, topic, cursor, visible, claimed)
         return claimed, cursor, dropped
+
+    def _claim_fresh(
+        self,
+        conn: sqlite3.Connection,
+        gid: int,
+        topic: bytes,
+        cursor: int,
+        visible: float,
+        claimed: list[tuple[int, int, str]],
+    ) -> int:
+        """Claim events after ``cursor`` up to a full batch (added to ``claimed``); the new cursor."""
+        room = _BATCH - len(claimed)
+        fresh = conn.execute(_FRESH_EVENTS, (topic, cursor, room)).fetchall()
+        if not fresh:
+            return cursor
+        conn.executemany(
+            _NEW_CLAIM, [(gid, event_id, visible, self.consumer) for event_id, _ in fresh]
+        )
+        cursor = fresh[-1][0]
+        conn.execute(_ADVANCE_GROUP, (cursor, gid))
+        claimed.extend((event_id, 1, body) for event_id, body in fresh)
+        return cursor
 
     def _fence_holds(
         self, conn: sqlite3.Connection, fence: tuple[list[bytes], list[bytes]]
