@@ -293,6 +293,24 @@ def _default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:8]}"
 
 
+def _resolver(backend: SyncBackend | str) -> Callable[[], SyncBackend]:
+    """The backend of each call: ``backend``, or one made from the URL at the first call."""
+    if isinstance(backend, SyncBackend):
+        return lambda: backend
+    url = backend
+    made: list[SyncBackend] = []
+    lock = threading.Lock()
+
+    def resolve() -> SyncBackend:
+        with lock:
+            if not made:
+                made.append(from_url(url))
+                made[0]._warn_unclosed = False  # lives as long as the function
+            return made[0]
+
+    return resolve
+
+
 def singleton(
     backend: SyncBackend | str,
     *,
@@ -331,17 +349,7 @@ def singleton(
         )
     if not (isinstance(key, str) or callable(key)):
         raise InvalidArgument(f"key must be a str or a function, got {type(key).__name__}")
-    made: list[SyncBackend] = []
-    lock = threading.Lock()
-
-    def resolve() -> SyncBackend:
-        if isinstance(backend, SyncBackend):
-            return backend
-        with lock:
-            if not made:
-                made.append(from_url(backend))
-                made[0]._warn_unclosed = False  # lives as long as the function
-            return made[0]
+    resolve = _resolver(backend)
 
     def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(fn)
