@@ -368,3 +368,50 @@ async def test_a_subscriber_whose_interpreter_is_shutting_down_leaves_its_events
         await events.unsubscribe("jobs", member)
     assert sorted(set(handled) | set(got)) == list(range(40))
     assert "cannot run the callback subscribed to topic 'jobs'" in err.decode()
+
+
+_EXIT_CHILD = """
+import sys, threading
+import tenure, tenure.sync
+from tenure import Event
+
+with tenure.sync.from_url("memory://") as backend:
+    attempts = []
+    done = threading.Event()
+
+    def callback(event):
+        attempts.append(event.attempt)
+        if event.attempt == 1:
+            sys.exit(3)  # must not reach tenure's loop thread
+        done.set()
+
+    backend.subscribe("jobs", callback, group="g")
+    backend.publish("jobs", Event(type="job"))
+    assert done.wait(10), attempts
+    with tenure.sync.hold(backend, "k", "me", 5000) as lease:  # the facade still works
+        assert lease.token
+    backend.unsubscribe("jobs", callback)
+print("attempts", attempts)
+
+# A loop thread that dies anyway is reported, not waited for.
+from tenure.sync import _portal
+_portal.portal().loop.call_soon_threadsafe(sys.exit, 4)
+_portal.portal().thread.join(10)
+try:
+    tenure.sync.from_url("memory://")
+except _portal.SyncLoopDied as exc:
+    print("died:", exc)
+"""
+
+
+def test_sys_exit_in_a_callback_is_its_failure_and_a_dead_loop_thread_is_reported(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(_EXIT_CHILD)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert "attempts [1, 2]" in out.stdout
+    assert "died: tenure.sync's loop thread has ended (SystemExit(4) reached it)" in out.stdout

@@ -195,7 +195,9 @@ class SyncBackend(Closeable):
 
         async def deliver(event: Event) -> None:
             try:
-                job = asyncio.get_running_loop().run_in_executor(pool, callback, event)
+                job = asyncio.get_running_loop().run_in_executor(
+                    pool, _run_callback, callback, event
+                )
             except RuntimeError as exc:
                 # The callback never ran: tenure's own machinery failed (at
                 # interpreter shutdown concurrent.futures takes no new work). Not
@@ -265,6 +267,21 @@ class SyncBackend(Closeable):
         current = _portal._portal
         if current is not None and not current.loop.is_closed():
             current.submit(inner.aclose())
+
+
+def _run_callback(callback: SyncCallback, event: Event) -> None:
+    """``callback(event)``, in a worker thread; any exception it raises is an ``Exception``.
+
+    A ``SystemExit`` (``sys.exit()``) or other ``BaseException`` would end
+    tenure's loop thread when the delivery awaits it: it is the callback's
+    failure like any other raise.
+    """
+    try:
+        callback(event)
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise RuntimeError(f"the callback raised {exc!r}") from exc
 
 
 def _pairs(pairs: Any) -> Iterator[tuple[str, LeaseRecord]]:
