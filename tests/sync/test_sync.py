@@ -415,3 +415,39 @@ def test_sys_exit_in_a_callback_is_its_failure_and_a_dead_loop_thread_is_reporte
     assert out.returncode == 0, out.stderr
     assert "attempts [1, 2]" in out.stdout
     assert "died: tenure.sync's loop thread has ended (SystemExit(4) reached it)" in out.stdout
+
+
+_LOST_AT_SHUTDOWN_CHILD = """
+import threading, time
+import tenure.sync
+
+backend = tenure.sync.from_url("memory://")
+
+def on_lost(lease):
+    print("on_lost ran for", lease.key, flush=True)
+
+def worker():
+    try:
+        with tenure.sync.hold(backend, "k", "me", 600, on_lost=on_lost) as lease:
+            backend.revoke_lease("k")
+            deadline = time.monotonic() + 10
+            while lease.held and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.5)
+    except tenure.LeaseLost:
+        print("body saw the loss", flush=True)
+
+threading.Thread(target=worker).start()
+# The main thread returns now: concurrent.futures takes no new work from here on.
+"""
+
+
+def test_on_lost_runs_while_the_interpreter_is_shutting_down(tmp_path: Path) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(_LOST_AT_SHUTDOWN_CHILD)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert "body saw the loss" in out.stdout
+    assert "on_lost ran for k" in out.stdout, out.stderr

@@ -167,7 +167,17 @@ class _SyncHold:
         self._lost.set()
         user, sync_lease = self._user_on_lost, self._lease
         if user is not None and sync_lease is not None:
-            _portal.portal().callbacks.submit(self._run_user_on_lost, user, sync_lease)
+            try:
+                _portal.portal().callbacks.submit(self._run_user_on_lost, user, sync_lease)
+            except RuntimeError:
+                # The pool takes no new work (interpreter shutdown): the user's
+                # function still runs, in a thread of its own.
+                threading.Thread(
+                    target=self._run_user_on_lost,
+                    args=(user, sync_lease),
+                    name="tenure-sync-on-lost",
+                    daemon=True,
+                ).start()
 
     @staticmethod
     def _run_user_on_lost(user: SyncOnLost, lease: SyncHeldLease) -> None:
