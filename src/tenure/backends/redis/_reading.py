@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from ..._errors import BackendUnavailable
 from ..._pubsub import Callback, Event, LeaseFence, call_back
@@ -33,6 +33,7 @@ logger = logging.getLogger("tenure.redis")
 _SETTLE = load_script("settle")
 _FENCED = load_script("fenced")
 _FENCED_RETRY = 0.1  # seconds before a read that the fence held off looks again
+_NOSCRIPT: Any = object()  # a pipelined take found lua/fenced.lua not loaded
 # Acknowledgements written by one run of the script at most.
 _ACK_BATCH = 256
 # The consumer that holds handed-back and reclaimed entries until a member takes
@@ -171,23 +172,19 @@ class StreamReader(RedisParts):
     async def _read_fenced(self, sub: _Sub) -> list[tuple[bytes, Any]]:
         """:meth:`_read_new` under the subscription's fence: new entries are taken in a
         script that checks the lease first, never by a blocking read that could
-        take them after the lease is gone; the wait is a plain ``XREAD BLOCK``,
-        which takes nothing."""
-        if sub.newest is not None:
-            # Every entry up to it was delivered when the last take looked.
-            woke = await self._io(
-                self._client.xread,
-                {sub.stream: sub.newest},
-                count=1,
-                block=self._block_ms,
-                blocking=True,
-            )
-            if not woke:
-                return []
-        done = await self._fenced(
-            sub, b"XREADGROUP", b"GROUP", sub.group, sub.consumer, b"COUNT", 64,
+        take them after the lease is gone; the wait is a plain ``XREAD BLOCK``
+        (which takes nothing) with the take pipelined after it."""
+        take = (
+            b"XREADGROUP", b"GROUP", sub.group, sub.consumer, b"COUNT", 64,
             b"STREAMS", sub.stream, b">",
         )  # fmt: skip
+        if sub.newest is None:
+            done = await self._fenced(sub, *take)
+        else:
+            # Every entry up to it was delivered when the last take looked.
+            done = await self._io(self._wait_then_take, sub, take, blocking=True)
+            if done is _NOSCRIPT:
+                done = await self._fenced(sub, *take)
         if done is None:
             # Fenced off: this subscriber's lease is not held. Its holder
             # unsubscribes soon; look again meanwhile, slowly.
@@ -200,6 +197,29 @@ class StreamReader(RedisParts):
         sub.newest = newest if len(entries) < 64 else None
         return entries
 
+    async def _wait_then_take(self, sub: _Sub, take: tuple[Any, ...]) -> Any:
+        """``XREAD BLOCK`` after ``sub.newest``, then the fenced take, pipelined:
+        Redis runs the take as soon as the wait ends (an entry, or ``block_ms``),
+        without a round trip in between. The take's outcome as :meth:`_fenced`
+        gives it, or ``_NOSCRIPT`` when the script is not loaded yet."""
+        assert sub.fence is not None and sub.newest is not None
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.xread({sub.stream: sub.newest}, count=1, block=self._block_ms)
+            pipe.evalsha(
+                _FENCED.sha, 2, sub.fence_key, sub.stream, sub.fence.owner_prefix.encode(), *take
+            )
+            woke, reply = await pipe.execute(raise_on_error=False)
+        for outcome in (woke, reply):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, NoScriptError):
+                raise outcome
+        if isinstance(reply, NoScriptError):
+            return _NOSCRIPT
+        return self._fenced_reply(sub, reply)
+
+    def _fenced_reply(self, sub: _Sub, reply: Any) -> tuple[Any, bytes] | None:
+        sub.fenced = not reply[0]
+        return (reply[1], reply[2]) if reply[0] else None
+
     async def _fenced(self, sub: _Sub, *command: Any) -> tuple[Any, bytes] | None:
         """``command`` on the stream, run only while the fence holds (``lua/fenced.lua``):
         its reply and the stream's newest id, or ``None`` when fenced off."""
@@ -207,8 +227,7 @@ class StreamReader(RedisParts):
         reply = await self._eval(
             _FENCED, (sub.fence_key, sub.stream), (sub.fence.owner_prefix.encode(), *command)
         )
-        sub.fenced = not reply[0]
-        return (reply[1], reply[2]) if reply[0] else None
+        return self._fenced_reply(sub, reply)
 
     async def _claim(
         self, sub: _Sub, min_idle_ms: int, ids: list[bytes]
