@@ -1,4 +1,4 @@
-"""Fenced takes (``Capability.FENCED_TAKES``, PostgreSQL and SQLite): a
+"""Fenced takes (``Capability.FENCED_TAKES``, PostgreSQL, SQLite and Redis): a
 subscriber takes events only while its lease is held, judged in the
 transaction that takes them.
 
@@ -11,6 +11,7 @@ is about to read; taking them would run them after newer ones.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Protocol, cast
@@ -18,6 +19,7 @@ from typing import Protocol, cast
 import pytest
 import pytest_asyncio
 
+import redis
 from tenure import (
     Capability,
     Event,
@@ -33,13 +35,14 @@ from tenure.backends.memory import MemoryPubSub
 from tenure.backends.sqlite import SqlitePubSub
 from tenure.testing import eventually
 from tests.postgres.helpers import drop_schema, new_schema
+from tests.support.servers import REDIS_URL, require_tcp
 
 TOPIC = "thread-7"
 GROUP = "owner"
 
 
 class Fenced(EventBackend, Protocol):
-    """What Capability.FENCED_TAKES adds to the typed event backend."""
+    """What Capability.FENCED_TAKES (and RECLAIM) add to the typed event backend."""
 
     async def subscribe(
         self,
@@ -50,12 +53,28 @@ class Fenced(EventBackend, Protocol):
         fence: LeaseFence | None = None,
     ) -> None: ...
 
+    async def reclaim(self, topic: str, group: str) -> int: ...
 
-@pytest.fixture(params=["postgres", "sqlite"])
+
+@pytest.fixture(params=["postgres", "sqlite", "redis"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """Two instances of one store each test: the stale subscriber and the next holder."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'fence.db'}"
+        return
+    if request.param == "redis":
+        prefix = f"tenure-test-{uuid.uuid4().hex}:"
+        redis_url = require_tcp(REDIS_URL, "Redis")
+        # Short blocking reads (block_ms = socket_timeout / 2): a member looks
+        # for given-back entries every 0.2 s.
+        yield f"{redis_url}?prefix={prefix}&quarantine=off&socket_timeout=0.4"
+        client = redis.Redis.from_url(redis_url)
+        try:
+            keys = list(client.scan_iter(match=prefix.encode() + b"*", count=1000))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
         return
     postgres_url: str = request.getfixturevalue("postgres_url")
     schema = new_schema()
@@ -75,11 +94,15 @@ async def fresh(url: str) -> AsyncIterator[Fenced]:
         yield cast(Fenced, backend)
 
 
-def test_the_sql_backends_declare_fenced_takes() -> None:
+def test_the_sql_backends_and_redis_declare_fenced_takes() -> None:
     from tenure.backends.postgres import PostgresPubSub
+    from tenure.backends.redis import RedisClusterPubSub, RedisStreamsPubSub
 
     assert Capability.FENCED_TAKES in capabilities_of(PostgresPubSub)
     assert Capability.FENCED_TAKES in capabilities_of(SqlitePubSub)
+    assert Capability.FENCED_TAKES in capabilities_of(RedisStreamsPubSub)
+    # A lease and a stream live in different slots of a cluster: no script sees both.
+    assert Capability.FENCED_TAKES not in capabilities_of(RedisClusterPubSub)
 
 
 @pytest.mark.asyncio
@@ -121,6 +144,50 @@ async def test_a_subscriber_whose_lease_is_gone_takes_nothing(stale: Fenced, fre
     await eventually(lambda: len(got_fresh) == 2, timeout=10)
     assert got_fresh == [(3, 1), (4, 1)]
     assert got_stale == [1, 2]
+    await stale.unsubscribe(TOPIC, on_stale)
+    await fresh.unsubscribe(TOPIC, on_fresh)
+
+
+@pytest.mark.asyncio
+async def test_a_subscriber_whose_lease_is_gone_takes_nothing_given_back(
+    url: str, stale: Fenced, fresh: Fenced
+) -> None:
+    """What a reclaim gives back to the group (on Redis: claimable at once by
+    any member's next look) is not taken by a member whose lease is gone."""
+    got_stale: list[object] = []
+    got_fresh: list[tuple[object, int]] = []
+    stuck = asyncio.Event()
+    release = asyncio.Event()
+
+    async def dead(event: Event) -> None:
+        stuck.set()
+        await release.wait()  # stands for a member that died holding event 1
+
+    async def on_stale(event: Event) -> None:
+        got_stale.append(event.data)
+
+    async def on_fresh(event: Event) -> None:
+        got_fresh.append((event.data, event.attempt))
+
+    async with events_of(from_url(url)) as other:
+        holder = cast(Fenced, other)
+        assert (await holder.acquire_lease("k0", "p0/s0.1", 60_000)).acquired
+        await holder.subscribe(TOPIC, dead, group=GROUP, fence=LeaseFence("k0", "p0/"))
+        await fresh.publish(TOPIC, Event(type="n", data=1))
+        await eventually(stuck.is_set, timeout=10)
+        assert (await stale.acquire_lease(TOPIC, "p1/s1.1", 60_000)).acquired
+        await stale.subscribe(TOPIC, on_stale, group=GROUP, fence=LeaseFence(TOPIC, "p1/s1."))
+        assert await fresh.revoke_lease("k0")
+        assert await fresh.revoke_lease(TOPIC)
+        assert await fresh.reclaim(TOPIC, GROUP) == 1
+        await asyncio.sleep(1.0)  # the stale member looks several times meanwhile
+        assert got_stale == []
+        assert (await fresh.acquire_lease(TOPIC, "p2/s9.1", 60_000)).acquired
+        await fresh.subscribe(TOPIC, on_fresh, group=GROUP, fence=LeaseFence(TOPIC, "p2/s9."))
+        await eventually(lambda: len(got_fresh) == 1, timeout=10)
+        assert got_fresh[0][0] == 1 and got_stale == []
+        release.set()
+        await holder.unsubscribe(TOPIC, dead)
     await stale.unsubscribe(TOPIC, on_stale)
     await fresh.unsubscribe(TOPIC, on_fresh)
 

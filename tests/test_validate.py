@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import enum
+import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tenure import InvalidArgument, MemoryPubSub
+from tenure import InvalidArgument, MemoryPubSub, SqlitePubSub, ThreadRun, ThreadRuntime
+from tenure._pubsub import check_data
 from tenure._validate import (
     KNOWN_NAMES,
     MAX_TTL_MS,
@@ -14,6 +17,8 @@ from tenure._validate import (
     check_keys,
     check_name,
     check_prefix,
+    check_text,
+    check_time,
     check_timeout,
     check_ttl,
 )
@@ -171,3 +176,53 @@ async def test_the_known_names_stay_bounded() -> None:
             await backend.renew_lease(f"name-{i}", "owner", 1000)
     assert 0 < len(KNOWN_NAMES) <= 1024
     assert "name-2999" in KNOWN_NAMES
+
+
+def test_event_texts_and_times() -> None:
+    assert check_text("t" * 5000, "event.type") == "t" * 5000  # no length limit
+    assert check_text("\0é", "event.type") == "\0é"
+    for bad, message in [
+        (7, "event.type must be a str, got int"),
+        ("", "event.type must not be empty"),
+        ("\ud800", "event.type must be encodable as UTF-8 (it contains a lone surrogate)"),
+    ]:
+        with pytest.raises(InvalidArgument) as info:
+            check_text(bad, "event.type")
+        assert str(info.value) == message
+    assert check_time(0, "at") == 0.0 and type(check_time(5, "at")) is float
+    assert check_time(-691200.5, "at") == -691200.5
+    for bad, message in [
+        (math.nan, "at must be a finite number of seconds, got nan"),
+        (-math.inf, "at must be a finite number of seconds, got -inf"),
+        (10**400, "at must be a finite number of seconds, got " + str(10**400)),
+        (True, "at must be a number of seconds, got bool"),
+        ("1", "at must be a number of seconds, got str"),
+    ]:
+        with pytest.raises(InvalidArgument) as info:
+            check_time(bad, "at")
+        assert str(info.value) == message
+
+
+def test_event_data() -> None:
+    check_data({"a": [1, "é", None, math.nan]}, "event.data")
+    with pytest.raises(InvalidArgument, match=r"^event.data must be encodable as UTF-8"):
+        check_data(["ok", {"x": "\udcff"}], "event.data")
+    with pytest.raises(InvalidArgument, match=r"^payload must be JSON-serialisable"):
+        check_data({1, 2}, "payload")
+
+
+@pytest.mark.asyncio
+async def test_a_signal_payload_that_cannot_be_stored_is_refused_before_any_io(
+    tmp_path: Path,
+) -> None:
+    async def handler(run: ThreadRun) -> None:
+        pass
+
+    async with SqlitePubSub(tmp_path / "t.db") as backend:
+        runtime = ThreadRuntime(backend, handler)
+        try:
+            for payload, why in [("a\ud800", "encodable as UTF-8"), ({1}, "JSON-serialisable")]:
+                with pytest.raises(InvalidArgument, match=f"^payload must be {why}"):
+                    await runtime.send_signal("thread", payload)
+        finally:
+            await runtime.aclose()

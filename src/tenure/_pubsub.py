@@ -14,15 +14,17 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from ._capabilities import Capability
 from ._errors import InvalidArgument
 from ._lifecycle import AsyncCloseable
-from ._validate import check_name
+from ._validate import check_name, check_text, check_time
 
 __all__ = [
     "Callback",
     "Event",
     "LeaseFence",
     "PubSub",
+    "call_back",
     "check_backlog",
     "check_callback",
+    "check_data",
     "check_group",
     "check_publish",
     "check_subscribe",
@@ -105,25 +107,44 @@ class LeaseFence:
             raise InvalidArgument("fence.owner_prefix must be encodable as UTF-8") from None
 
 
+def check_data(value: Any, arg: str) -> None:
+    """Raise :class:`InvalidArgument` unless ``value`` can be stored as an event's
+    data: JSON-serialisable, and its JSON encodable as UTF-8 (no lone surrogate)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(
+            f"{arg} must be encodable as UTF-8 (it contains a lone surrogate)"
+        ) from None
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidArgument(f"{arg} must be JSON-serialisable: {exc}") from None
+
+
 def prepare_event(event: Any) -> Event:
-    """Validate ``event`` and give it an ``id`` and ``created_at`` if it has none."""
+    """Validate ``event`` and give it an ``id`` and ``created_at`` if it has none.
+
+    ``type``: a non-empty str; ``id`` and ``run_id``: ``None`` or a valid name
+    (see :func:`~tenure._validate.check_name`); ``data``: see :func:`check_data`;
+    ``created_at``: ``None`` or a finite number of seconds. Nothing else is
+    accepted, on any backend, and nothing is sent before these checks.
+    """
     if not isinstance(event, Event):
         raise InvalidArgument(f"event must be a tenure.Event, got {type(event).__name__}")
-    if not isinstance(event.type, str) or not event.type:
-        raise InvalidArgument("event.type must be a non-empty str")
+    check_text(event.type, "event.type")
+    if event.id is not None:
+        check_name(event.id, "event.id")
     if event.run_id is not None:
         check_name(event.run_id, "event.run_id")
-    try:
-        json.dumps(event.data)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"event.data must be JSON-serialisable: {exc}") from None
+    check_data(event.data, "event.data")
     # Built directly: dataclasses.replace costs several times more, on every publish.
     return Event(
         event.type,
         event.data,
         event.run_id,
         event.id or uuid.uuid4().hex,
-        event.created_at if event.created_at is not None else time.time(),
+        time.time()
+        if event.created_at is None
+        else check_time(event.created_at, "event.created_at"),
     )
 
 
@@ -167,6 +188,26 @@ async def remove_member(groups: dict[_K, _G], callback: Callback) -> list[tuple[
     return emptied
 
 
+async def call_back(callback: Callback, event: Event) -> BaseException | None:
+    """Deliver ``event`` to ``callback``: ``None`` if it returned, else what it raised.
+
+    A ``CancelledError`` is the callback's failure like any other exception,
+    unless the task running it was asked to stop (``Task.cancel``, as tenure
+    does to unsubscribe or close): only then does it propagate. A callback that
+    awaits a task someone else cancelled must not end its subscription.
+    """
+    try:
+        await callback(event)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise
+        return exc
+    except Exception as exc:
+        return exc
+    return None
+
+
 def check_callback(callback: Any) -> Callback:
     if not callable(callback):
         raise InvalidArgument(f"callback must be callable, got {type(callback).__name__}")
@@ -181,7 +222,7 @@ def check_publish(topic: Any, event: Any) -> tuple[Event, bool]:
     """The arguments of ``publish``: the event to store (:func:`prepare_event`), and
     whether its ``id`` is the caller's (a publish with a kept id stores nothing)."""
     check_name(topic, "topic")
-    return prepare_event(event), isinstance(event, Event) and bool(event.id)
+    return prepare_event(event), event.id is not None
 
 
 def check_subscribe(topic: Any, callback: Any, group: Any, fence: Any = None) -> None:

@@ -6,6 +6,7 @@ the messages are the same everywhere.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ __all__ = [
     "check_keys",
     "check_name",
     "check_prefix",
+    "check_text",
+    "check_time",
     "check_timeout",
     "check_ttl",
     "remember_names",
@@ -57,6 +60,36 @@ def check_name(value: Any, arg: str) -> str:
     if size > MAX_NAME_BYTES:
         raise InvalidArgument(f"{arg} must be at most {MAX_NAME_BYTES} bytes in UTF-8, got {size}")
     return value
+
+
+def check_text(value: Any, arg: str) -> str:
+    """Return ``value`` if it is a non-empty ``str`` encodable as UTF-8 (any length)."""
+    if type(value) is str and value.isascii() and value:
+        return value
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{arg} must be a str, got {type(value).__name__}")
+    if not value:
+        raise InvalidArgument(f"{arg} must not be empty")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(
+            f"{arg} must be encodable as UTF-8 (it contains a lone surrogate)"
+        ) from None
+    return value
+
+
+def check_time(value: Any, arg: str) -> float:
+    """Return ``value`` (seconds since the epoch) as a ``float`` if it is a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"{arg} must be a number of seconds, got {type(value).__name__}")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise InvalidArgument(f"{arg} must be a finite number of seconds, got {value}")
+    return seconds
 
 
 def remember_names(*names: str) -> None:

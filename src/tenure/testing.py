@@ -22,6 +22,8 @@ of its own, so a shared server is fine.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -111,6 +113,26 @@ def _bad_arguments() -> list[tuple[str, str, tuple[Any, ...], str]]:
 
 
 _BAD = _bad_arguments()
+
+# Events no backend may store, each with the argument its error names.
+_BAD_EVENTS: list[tuple[Event, str, str]] = [
+    (Event(type=""), "event.type", "must not be empty"),
+    (Event(type=7), "event.type", "must be a str"),  # type: ignore[arg-type]  # on purpose
+    (Event(type="t\ud800"), "event.type", "encodable as UTF-8"),
+    (Event(type="t", id=123), "event.id", "must be a str"),  # type: ignore[arg-type]  # on purpose
+    (Event(type="t", id=""), "event.id", "must not be empty"),
+    (Event(type="t", id="x" * 1025), "event.id", "at most 1024 bytes"),
+    (Event(type="t", id="a\ud800"), "event.id", "encodable as UTF-8"),
+    (Event(type="t", run_id="a\udfff"), "event.run_id", "encodable as UTF-8"),
+    (Event(type="t", data="a\ud800"), "event.data", "encodable as UTF-8"),
+    (Event(type="t", data={"k\ud800": 1}), "event.data", "encodable as UTF-8"),
+    (Event(type="t", data=object()), "event.data", "JSON-serialisable"),
+    (Event(type="t", created_at=math.nan), "event.created_at", "finite"),
+    (Event(type="t", created_at=math.inf), "event.created_at", "finite"),
+    (Event(type="t", created_at=10**400), "event.created_at", "finite"),
+    (Event(type="t", created_at="1"), "event.created_at", "number of seconds"),  # type: ignore[arg-type]  # on purpose
+    (Event(type="t", created_at=True), "event.created_at", "number of seconds"),
+]
 
 
 # The methods each capability promises (CONTRACT section 3).
@@ -688,6 +710,37 @@ class PubSubContract:
         assert (published.type, published.data, published.run_id) == ("t", {"n": 1}, "r")
 
     @pytest.mark.asyncio
+    async def test_an_event_with_an_old_created_at_is_kept_until_handled(
+        self, pubsub: Any, topic: str
+    ) -> None:
+        # A replay publishes events as old as they are: retention and the dedupe
+        # window count from when the backend stored one, not from its created_at.
+        eight_days_ago = time.time() - 8 * 24 * 3600
+        got: list[Event] = []
+
+        async def callback(event: Event) -> None:
+            got.append(event)
+
+        await pubsub.subscribe(topic, callback, group="g")
+        old = [
+            await pubsub.publish(topic, Event(type="t", data=i, created_at=eight_days_ago + i))
+            for i in range(3)
+        ]
+        await pubsub.flush()
+        await eventually(lambda: len(got) == 3)
+        assert [(e.data, e.created_at) for e in got] == [(e.data, e.created_at) for e in old]
+        if Capability.DEDUPE in capabilities_of(pubsub):
+            kept = Event(type="t", data="kept", id=f"{topic}-old", created_at=eight_days_ago)
+            first = await pubsub.publish(topic, kept)
+            await pubsub.publish(topic, Event(type="t", data="new"))
+            again = await pubsub.publish(topic, kept)
+            assert (again.id, again.created_at) == (first.id, eight_days_ago)
+            await pubsub.flush()
+            await eventually(lambda: len(got) == 5)
+            assert [e.data for e in got[3:]] == ["kept", "new"]
+        await pubsub.unsubscribe(topic, callback)
+
+    @pytest.mark.asyncio
     async def test_fan_out_reaches_every_subscriber(self, pubsub: Any, topic: str) -> None:
         got_a: list[Event] = []
         got_b: list[Event] = []
@@ -766,6 +819,36 @@ class PubSubContract:
         await pubsub.unsubscribe(topic, flaky)
 
     @pytest.mark.asyncio
+    async def test_a_cancellation_the_callback_lets_out_is_its_failure(
+        self, pubsub: Any, topic: str
+    ) -> None:
+        # A CancelledError that nobody asked of the delivery (here: from awaiting
+        # a task someone else cancelled) is a raise like any other: the event
+        # comes again, and the subscription goes on.
+        got: dict[str, list[tuple[Any, int]]] = {"fan-out": [], "group": []}
+
+        def member(name: str) -> Callable[[Event], Awaitable[None]]:
+            async def callback(event: Event) -> None:
+                got[name].append((event.data, event.attempt))
+                if event.data == 0 and event.attempt == 1:
+                    other = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+                    other.cancel()
+                    await other
+
+            return callback
+
+        fan_out, grouped = member("fan-out"), member("group")
+        await pubsub.subscribe(topic, fan_out)
+        await pubsub.subscribe(topic, grouped, group="g")
+        await pubsub.publish(topic, Event(type="t", data=0))
+        await eventually(lambda: all((0, 2) in g for g in got.values()), timeout=10)
+        await pubsub.publish(topic, Event(type="t", data=1))
+        await eventually(lambda: all((1, 1) in g for g in got.values()), timeout=10)
+        assert got == {"fan-out": [(0, 1), (0, 2), (1, 1)], "group": [(0, 1), (0, 2), (1, 1)]}
+        await pubsub.unsubscribe(topic, fan_out)
+        await pubsub.unsubscribe(topic, grouped)
+
+    @pytest.mark.asyncio
     async def test_unsubscribed_callback_gets_nothing_more(self, pubsub: Any, topic: str) -> None:
         got: list[Any] = []
 
@@ -817,3 +900,29 @@ class PubSubContract:
             await pubsub.publish(topic, {"type": "t"})
         with pytest.raises(InvalidArgument):
             await pubsub.publish("", Event(type="t"))
+
+    @pytest.mark.asyncio
+    @pytest.mark.parametrize(("event", "arg", "why"), _BAD_EVENTS)
+    async def test_bad_event_field_raises_invalid_argument_before_any_io(
+        self, pubsub: Any, topic: str, event: Event, arg: str, why: str
+    ) -> None:
+        got: list[Event] = []
+
+        async def callback(received: Event) -> None:
+            got.append(received)
+
+        await pubsub.subscribe(topic, callback, group="g")
+        with pytest.raises(InvalidArgument) as info:
+            await pubsub.publish(topic, event)
+        assert str(info.value).startswith(arg + " "), str(info.value)
+        assert why in str(info.value)
+        await pubsub.publish(topic, Event(type="t", data="good"))
+        await pubsub.flush()
+        await eventually(lambda: len(got) == 1)
+        assert [e.data for e in got] == ["good"]
+        await pubsub.unsubscribe(topic, callback)
+        # A closed backend does no I/O: InvalidArgument, not BackendClosed, shows
+        # that the event was checked first.
+        await pubsub.aclose()
+        with pytest.raises(InvalidArgument):
+            await pubsub.publish(topic, event)

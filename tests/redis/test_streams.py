@@ -640,3 +640,35 @@ async def test_a_consumer_group_destroyed_under_a_reading_member_is_recreated(
     finally:
         await raw.aclose()
     assert any("disappeared; recreating" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.asyncio
+async def test_a_client_remembers_a_bounded_number_of_topics_it_published_to(
+    clients: tuple[Factory, str],
+) -> None:
+    # flush needs the newest entry published per topic; a topic per conversation
+    # must not make that memory grow for as long as the process lives.
+    make, _ = clients
+    backend = make()
+    got: list[Event] = []
+    release = asyncio.Event()
+
+    async def slow(event: Event) -> None:
+        await release.wait()
+        got.append(event)
+
+    await backend.subscribe("kept", slow, group="g")
+    await backend.publish("kept", Event(type="t", data="first"))
+    for i in range(3000):
+        await backend.publish(f"once-{i}", Event(type="t"))
+    remembered = backend._published
+    assert len(remembered) <= 1024 + 1
+    assert "kept" in remembered and "once-2999" in remembered and "once-0" not in remembered
+    # The subscribed topic published to 3,000 topics ago is still flushed.
+    flushing = asyncio.ensure_future(backend.flush())
+    await asyncio.sleep(0.2)
+    assert not flushing.done()
+    release.set()
+    await asyncio.wait_for(flushing, 10)
+    assert [e.data for e in got] == ["first"]
+    await backend.unsubscribe("kept", slow)

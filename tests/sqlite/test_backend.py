@@ -266,6 +266,38 @@ async def test_unacknowledged_events_are_kept_until_a_member_handles_them(tmp_pa
 
 
 @pytest.mark.asyncio
+async def test_retention_counts_from_when_an_event_was_stored(tmp_path: Path) -> None:
+    # An unread event stored longer than retention ago goes; one published with an
+    # old created_at (a replay) stays until it has been kept that long here.
+    db = tmp_path / "r.db"
+    got: list[int] = []
+
+    async def callback(event: Event) -> None:
+        got.append(event.data)
+
+    async with SqlitePubSub(db, prune_interval=0.05, retention=1, dedupe_window=1) as backend:
+        await backend.subscribe("t", callback, group="g")
+        await backend.unsubscribe("t", callback)  # the group stays, with no member
+        await backend.publish("t", Event(type="x", data=0))
+        await backend.publish("t", Event(type="x", data=1, created_at=0.0))
+        assert count(db, "tenure_events") == 2
+
+        async def pruned() -> bool:
+            await backend.publish("other", Event(type="x"))  # publishing prunes when due
+            return count(db, "tenure_events") == 0
+
+        for _ in range(200):
+            if await pruned():
+                break
+            await asyncio.sleep(0.05)
+        assert count(db, "tenure_events") == 0
+        await backend.publish("t", Event(type="x", data=2, created_at=0.0))
+        await backend.subscribe("t", callback, group="g")
+        await backend.flush()
+        assert got == [2]
+
+
+@pytest.mark.asyncio
 async def test_an_event_that_always_fails_is_dropped_after_max_attempts(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -8,14 +8,16 @@ import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import tenure
 import tenure.sync
-from tenure import Event, LeaseLost, LeaseUnavailable, ThreadRun
+from tenure import Event, LeaseLost, LeaseUnavailable, SqlitePubSub, ThreadRun
 from tenure.sync import SyncBackend, SyncCallInEventLoop
+from tenure.testing import eventually
 
 
 @pytest.fixture
@@ -281,3 +283,171 @@ def test_a_stalled_loop_thread_cannot_hide_a_loss_from_the_body(backend: SyncBac
     with pytest.raises(LeaseLost):
         hold.__exit__(None, None, None)
     assert lease.lost.is_set()  # declared by the loop once it ran again
+
+
+def test_a_duplicate_subscription_is_refused_and_unsubscribe_removes_the_one_there_is(
+    backend: SyncBackend,
+) -> None:
+    got: list[Any] = []
+    other: list[Any] = []
+
+    def callback(event: Event) -> None:
+        got.append(event.data)
+
+    backend.subscribe("jobs", callback, group="g")
+    with pytest.raises(tenure.InvalidArgument, match="already subscribed to topic 'jobs'"):
+        backend.subscribe("jobs", callback, group="g")
+    with pytest.raises(tenure.InvalidArgument, match="already subscribed"):
+        backend.subscribe("jobs", callback)
+    backend.unsubscribe("jobs", callback)
+    backend.subscribe("jobs", other.append, group="g")
+    for i in range(10):
+        backend.publish("jobs", Event(type="job", data=i))
+    backend.flush()
+    backend.unsubscribe("jobs", other.append)
+    # No hidden member was left behind to take a share of the group's events.
+    assert (got, [e.data for e in other]) == ([], list(range(10)))
+
+
+_SHUTDOWN_CHILD = """
+import logging, sys, threading, time
+import tenure.sync
+from tenure import Event
+
+logging.basicConfig(level=logging.ERROR)
+db, log = sys.argv[1], sys.argv[2]
+backend = tenure.sync.from_url(f"sqlite:///{db}")
+
+def callback(event):
+    with open(log, "a") as f:
+        f.write(f"{event.data}\\n")
+
+backend.subscribe("jobs", callback, group="g")
+
+def publisher():
+    for i in range(40):
+        backend.publish("jobs", Event(type="job", data=i))
+        time.sleep(0.01)
+    time.sleep(0.5)
+
+threading.Thread(target=publisher).start()
+# The main thread returns now, while the publisher (a non-daemon thread) runs:
+# concurrent.futures takes no new work from here on.
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_subscriber_whose_interpreter_is_shutting_down_leaves_its_events_to_the_group(
+    tmp_path: Path,
+) -> None:
+    db, log = tmp_path / "events.db", tmp_path / "handled"
+    script = tmp_path / "child.py"
+    script.write_text(_SHUTDOWN_CHILD)
+    async with SqlitePubSub(db) as events:
+
+        async def nothing(event: Event) -> None:
+            raise AssertionError("only creates the group")
+
+        await events.subscribe("jobs", nothing, group="g")
+        await events.unsubscribe("jobs", nothing)
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), str(db), str(log), stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == 0, err.decode()
+    handled = [int(line) for line in log.read_text().split()] if log.exists() else []
+    got: list[int] = []
+
+    async def member(event: Event) -> None:
+        got.append(event.data)
+
+    async with SqlitePubSub(db) as events:
+        await events.subscribe("jobs", member, group="g")
+        # Handed back at once, not after visibility_timeout: well within it.
+        await eventually(lambda: len(set(handled) | set(got)) == 40, timeout=15)
+        await events.unsubscribe("jobs", member)
+    assert sorted(set(handled) | set(got)) == list(range(40))
+    assert "cannot run the callback subscribed to topic 'jobs'" in err.decode()
+
+
+_EXIT_CHILD = """
+import sys, threading
+import tenure, tenure.sync
+from tenure import Event
+
+with tenure.sync.from_url("memory://") as backend:
+    attempts = []
+    done = threading.Event()
+
+    def callback(event):
+        attempts.append(event.attempt)
+        if event.attempt == 1:
+            sys.exit(3)  # must not reach tenure's loop thread
+        done.set()
+
+    backend.subscribe("jobs", callback, group="g")
+    backend.publish("jobs", Event(type="job"))
+    assert done.wait(10), attempts
+    with tenure.sync.hold(backend, "k", "me", 5000) as lease:  # the facade still works
+        assert lease.token
+    backend.unsubscribe("jobs", callback)
+print("attempts", attempts)
+
+# A loop thread that dies anyway is reported, not waited for.
+from tenure.sync import _portal
+_portal.portal().loop.call_soon_threadsafe(sys.exit, 4)
+_portal.portal().thread.join(10)
+try:
+    tenure.sync.from_url("memory://")
+except _portal.SyncLoopDied as exc:
+    print("died:", exc)
+"""
+
+
+def test_sys_exit_in_a_callback_is_its_failure_and_a_dead_loop_thread_is_reported(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(_EXIT_CHILD)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert "attempts [1, 2]" in out.stdout
+    assert "died: tenure.sync's loop thread has ended (SystemExit(4) reached it)" in out.stdout
+
+
+_LOST_AT_SHUTDOWN_CHILD = """
+import threading, time
+import tenure.sync
+
+backend = tenure.sync.from_url("memory://")
+
+def on_lost(lease):
+    print("on_lost ran for", lease.key, flush=True)
+
+def worker():
+    try:
+        with tenure.sync.hold(backend, "k", "me", 600, on_lost=on_lost) as lease:
+            backend.revoke_lease("k")
+            deadline = time.monotonic() + 10
+            while lease.held and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.5)
+    except tenure.LeaseLost:
+        print("body saw the loss", flush=True)
+
+threading.Thread(target=worker).start()
+# The main thread returns now: concurrent.futures takes no new work from here on.
+"""
+
+
+def test_on_lost_runs_while_the_interpreter_is_shutting_down(tmp_path: Path) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(_LOST_AT_SHUTDOWN_CHILD)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert "body saw the loss" in out.stdout
+    assert "on_lost ran for k" in out.stdout, out.stderr

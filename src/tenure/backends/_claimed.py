@@ -28,6 +28,7 @@ from .._pubsub import (
     Event,
     LeaseFence,
     PubSub,
+    call_back,
     check_backlog,
     check_publish,
     check_subscribe,
@@ -326,52 +327,57 @@ class ClaimedEvents(PubSub, Generic[_G]):
 
     async def _deliver(self, group: _G, callback: Callback) -> None:
         queue_ = group.queue
-        max_attempts = self._event_opts.max_attempts
         held = group.held
-        logger = self._logger
         while True:
             event_id, event = await queue_.get()
             if held.get(event_id) != event.attempt:
                 queue_.task_done()  # reclaimed or taken by another member meanwhile
                 continue
             try:
-                await callback(event)
+                failure = await call_back(callback, event)
+                self._delivered(group, event_id, event, failure)
             except asyncio.CancelledError:
                 # Unsubscribed mid-delivery: hand the event to another member.
                 queue_.put_nowait((event_id, event))
                 raise
-            except Exception:
-                if held.get(event_id) != event.attempt:
-                    pass  # reclaimed while it ran: no longer ours to retry or drop
-                elif event.attempt < max_attempts:
-                    logger.warning(
-                        "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
-                        group.topic,
-                        event.id,
-                        event.attempt,
-                        max_attempts,
-                        exc_info=True,
-                    )
-                    self._settle(group.gid, event_id, event.attempt, failed=True)
-                    held[event_id] = event.attempt + 1
-                    queue_.put_nowait((event_id, replace(event, attempt=event.attempt + 1)))
-                else:
-                    logger.error(
-                        "callback for topic %r raised on event %s %d times; dropping it",
-                        group.topic,
-                        event.id,
-                        event.attempt,
-                        exc_info=True,
-                    )
-                    del held[event_id]
-                    self._settle(group.gid, event_id, event.attempt)
-            else:
-                if held.get(event_id) == event.attempt:
-                    del held[event_id]
-                # Written even when reclaimed meanwhile: it then changes nothing.
-                self._settle(group.gid, event_id, event.attempt)
             finally:
                 queue_.task_done()
+
+    def _delivered(
+        self, group: _G, event_id: int, event: Event, failure: BaseException | None
+    ) -> None:
+        """Settle, retry or drop the delivery of ``event`` whose callback raised ``failure``."""
+        held = group.held
+        max_attempts = self._event_opts.max_attempts
+        if failure is None:
+            if held.get(event_id) == event.attempt:
+                del held[event_id]
+            # Written even when reclaimed meanwhile: it then changes nothing.
+            self._settle(group.gid, event_id, event.attempt)
+        elif held.get(event_id) != event.attempt:
+            pass  # reclaimed while it ran: no longer ours to retry or drop
+        elif event.attempt < max_attempts:
+            self._logger.warning(
+                "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
+                group.topic,
+                event.id,
+                event.attempt,
+                max_attempts,
+                exc_info=failure,
+            )
+            self._settle(group.gid, event_id, event.attempt, failed=True)
+            held[event_id] = event.attempt + 1
+            group.queue.put_nowait((event_id, replace(event, attempt=event.attempt + 1)))
+        else:
+            self._logger.error(
+                "callback for topic %r raised on event %s %d times; dropping it",
+                group.topic,
+                event.id,
+                event.attempt,
+                exc_info=failure,
+            )
+            del held[event_id]
+            self._settle(group.gid, event_id, event.attempt)
 
     def _settle(self, gid: int, event_id: int, attempt: int, *, failed: bool = False) -> None:
         """Queue the outcome of delivery ``attempt``: acknowledged, or failed; written in batches."""

@@ -25,6 +25,7 @@ from .._pubsub import (
     Callback,
     Event,
     PubSub,
+    call_back,
     check_backlog,
     check_publish,
     check_subscribe,
@@ -220,7 +221,7 @@ class _Events(abc.ABC):
         self, topic: str, target: _Group, callback: Callback, seq: int, event: Event, epoch: int
     ) -> None:
         try:
-            await callback(event)
+            failure = await call_back(callback, event)
         except asyncio.CancelledError:
             # Unsubscribed mid-delivery: hand the event to another member, not
             # counting the delivery nobody finished.
@@ -228,31 +229,29 @@ class _Events(abc.ABC):
                 target.put_back(seq, event)
                 await asyncio.shield(self._notify(target))
             raise
-        except Exception:
-            if not self._settle(target, event, epoch):
-                return
-            if event.attempt < self._max_attempts:
-                logger.warning(
-                    "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
-                    topic,
-                    event.id,
-                    event.attempt,
-                    self._max_attempts,
-                    exc_info=True,
-                )
-                target.put_back(seq, replace(event, attempt=event.attempt + 1))
-            else:
-                logger.error(
-                    "callback for topic %r raised on event %s %d times; dropping it",
-                    topic,
-                    event.id,
-                    event.attempt,
-                    exc_info=True,
-                )
-            await self._notify(target)
+        if not self._settle(target, event, epoch):
+            return
+        if failure is None:
+            pass
+        elif event.attempt < self._max_attempts:
+            logger.warning(
+                "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
+                topic,
+                event.id,
+                event.attempt,
+                self._max_attempts,
+                exc_info=failure,
+            )
+            target.put_back(seq, replace(event, attempt=event.attempt + 1))
         else:
-            if self._settle(target, event, epoch):
-                await self._notify(target)
+            logger.error(
+                "callback for topic %r raised on event %s %d times; dropping it",
+                topic,
+                event.id,
+                event.attempt,
+                exc_info=failure,
+            )
+        await self._notify(target)
 
     @staticmethod
     def _settle(target: _Group, event: Event, epoch: int) -> bool:

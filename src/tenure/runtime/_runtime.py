@@ -121,12 +121,12 @@ raises on a signal gets it again at most the backend's ``max_attempts`` times
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, Self
 
 from .._contract import Backend, LeaseProvider
 from .._errors import BackendClosed, InvalidArgument
 from .._lifecycle import AsyncCloseable
+from .._pubsub import check_data
 from .._validate import check_name
 from ._context import Settings
 from ._locks import KeyLocks
@@ -318,10 +318,7 @@ class ThreadRuntime(AsyncCloseable):
         self.names.name(thread_key)
         if signal_id is not None:
             check_name(signal_id, "signal_id")
-        try:
-            json.dumps(payload)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument(f"payload must be JSON-serialisable: {exc}") from None
+        check_data(payload, "payload")
         if self._sweep_task is None or self.closed:
             await self.start()  # raises BackendClosed after aclose()
         return await self._sender.send(thread_key, payload, signal_id)

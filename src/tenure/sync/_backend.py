@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, NoReturn, cast
 
 from .._contract import AcquireResult, Backend, Capability, LeaseRecord, capabilities_of
-from .._errors import BackendClosed, ConfigurationError
+from .._errors import BackendClosed, ConfigurationError, InvalidArgument
 from .._lifecycle import Closeable
-from .._pubsub import Event, check_callback
+from .._pubsub import Event, check_subscribe
 from .._url import default_url
 from .._url import from_url as async_from_url
 from .._url_options import redact_url
@@ -24,6 +26,8 @@ SyncCallback = Callable[[Event], Any]
 
 # What the facade offers: the lease extensions, operations and the event methods. Anything
 # else a backend declares has no blocking twin here, so it is not declared.
+logger = logging.getLogger("tenure.sync")
+
 _SUPPORTED = Capability.LEASES | Capability.RUNTIME_LOG | Capability.OPERATIONS
 
 
@@ -159,27 +163,76 @@ class SyncBackend(Closeable):
         return cast(Event, call(self._events().publish, topic, event))
 
     def subscribe(self, topic: str, callback: SyncCallback, *, group: str | None = None) -> None:
-        """Deliver events of ``topic`` to ``callback(event)``, run in a worker thread."""
-        events = self._events()
-        check_callback(callback)
-        pool = _portal.portal().callbacks
+        """Deliver events of ``topic`` to ``callback(event)``, run in a worker thread.
 
-        async def deliver(event: Event) -> None:
-            await asyncio.get_running_loop().run_in_executor(pool, callback, event)
+        A callback subscribed to ``topic`` already is refused with
+        :class:`~tenure.InvalidArgument`, as by the async API.
+        """
+        events = self._events()
+        check_subscribe(topic, callback, group)
+        slot = (topic, callback)
+        deliver = self._deliver(events, topic, callback)
+        with self._lock:
+            if slot in self._callbacks:
+                raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
+            self._callbacks[slot] = deliver
 
         async def subscribe() -> None:
             await events.subscribe(topic, deliver, group=group)
 
-        self._callbacks[(topic, callback)] = deliver
         try:
             call(subscribe)
         except BaseException:
-            self._callbacks.pop((topic, callback), None)
+            with self._lock:
+                if self._callbacks.get(slot) is deliver:
+                    del self._callbacks[slot]
             raise
+
+    def _deliver(
+        self, events: Any, topic: str, callback: SyncCallback
+    ) -> Callable[[Event], Awaitable[None]]:
+        """The coroutine function subscribed on the loop for ``callback``."""
+        pool = _portal.portal().callbacks
+
+        async def deliver(event: Event) -> None:
+            try:
+                job = asyncio.get_running_loop().run_in_executor(
+                    pool, _run_callback, callback, event
+                )
+            except RuntimeError as exc:
+                # The callback never ran: tenure's own machinery failed (at
+                # interpreter shutdown concurrent.futures takes no new work). Not
+                # the callback's failure: this member leaves, and hands what it
+                # holds back to its group for the other members.
+                await self._leave(events, topic, callback, deliver, exc)
+            await job
+
+        return deliver
+
+    async def _leave(
+        self, events: Any, topic: str, callback: SyncCallback, deliver: Any, exc: Exception
+    ) -> NoReturn:
+        logger.error(
+            "tenure.sync cannot run the callback subscribed to topic %r any more (%s): "
+            "unsubscribing it; the events it held go back to its group",
+            topic,
+            exc,
+        )
+        with self._lock:
+            if self._callbacks.get((topic, callback)) is deliver:
+                del self._callbacks[(topic, callback)]
+        leaving = asyncio.get_running_loop().create_task(events.unsubscribe(topic, deliver))
+        # Unsubscribing cancels this delivery (the event is then handed back)
+        # before it ends; it waits here until then.
+        with contextlib.suppress(Exception):
+            await asyncio.shield(leaving)
+        await asyncio.Future()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def unsubscribe(self, topic: str, callback: SyncCallback) -> None:
         events = self._events()
-        deliver = self._callbacks.pop((topic, callback), None)
+        with self._lock:
+            deliver = self._callbacks.pop((topic, callback), None)
         if deliver is not None:
             call(events.unsubscribe, topic, deliver)
 
@@ -215,6 +268,21 @@ class SyncBackend(Closeable):
         current = _portal._portal
         if current is not None and not current.loop.is_closed():
             current.submit(inner.aclose())
+
+
+def _run_callback(callback: SyncCallback, event: Event) -> None:
+    """``callback(event)``, in a worker thread; any exception it raises is an ``Exception``.
+
+    A ``SystemExit`` (``sys.exit()``) or other ``BaseException`` would end
+    tenure's loop thread when the delivery awaits it: it is the callback's
+    failure like any other raise.
+    """
+    try:
+        callback(event)
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise RuntimeError(f"the callback raised {exc!r}") from exc
 
 
 def _pairs(pairs: Any) -> Iterator[tuple[str, LeaseRecord]]:

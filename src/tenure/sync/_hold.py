@@ -167,7 +167,17 @@ class _SyncHold:
         self._lost.set()
         user, sync_lease = self._user_on_lost, self._lease
         if user is not None and sync_lease is not None:
-            _portal.portal().callbacks.submit(self._run_user_on_lost, user, sync_lease)
+            try:
+                _portal.portal().callbacks.submit(self._run_user_on_lost, user, sync_lease)
+            except RuntimeError:
+                # The pool takes no new work (interpreter shutdown): the user's
+                # function still runs, in a thread of its own.
+                threading.Thread(
+                    target=self._run_user_on_lost,
+                    args=(user, sync_lease),
+                    name="tenure-sync-on-lost",
+                    daemon=True,
+                ).start()
 
     @staticmethod
     def _run_user_on_lost(user: SyncOnLost, lease: SyncHeldLease) -> None:
@@ -293,6 +303,24 @@ def _default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:8]}"
 
 
+def _resolver(backend: SyncBackend | str) -> Callable[[], SyncBackend]:
+    """The backend of each call: ``backend``, or one made from the URL at the first call."""
+    if isinstance(backend, SyncBackend):
+        return lambda: backend
+    url = backend
+    made: list[SyncBackend] = []
+    lock = threading.Lock()
+
+    def resolve() -> SyncBackend:
+        with lock:
+            if not made:
+                made.append(from_url(url))
+                made[0]._warn_unclosed = False  # lives as long as the function
+            return made[0]
+
+    return resolve
+
+
 def singleton(
     backend: SyncBackend | str,
     *,
@@ -331,17 +359,7 @@ def singleton(
         )
     if not (isinstance(key, str) or callable(key)):
         raise InvalidArgument(f"key must be a str or a function, got {type(key).__name__}")
-    made: list[SyncBackend] = []
-    lock = threading.Lock()
-
-    def resolve() -> SyncBackend:
-        if isinstance(backend, SyncBackend):
-            return backend
-        with lock:
-            if not made:
-                made.append(from_url(backend))
-                made[0]._warn_unclosed = False  # lives as long as the function
-            return made[0]
+    resolve = _resolver(backend)
 
     def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(fn)

@@ -26,7 +26,7 @@ from typing import Any, TypeVar, cast
 
 from .._errors import TenureError
 
-__all__ = ["Portal", "SyncCallInEventLoop", "call", "on_fork", "portal"]
+__all__ = ["Portal", "SyncCallInEventLoop", "SyncLoopDied", "call", "on_fork", "portal"]
 
 _T = TypeVar("_T")
 
@@ -41,11 +41,20 @@ class SyncCallInEventLoop(TenureError, RuntimeError):
     """
 
 
+class SyncLoopDied(TenureError, RuntimeError):
+    """tenure's private loop thread has ended: no blocking call can run any more.
+
+    Raised by every later blocking call instead of waiting for it for ever.
+    """
+
+
 class Portal:
     """An event loop running forever in a daemon thread, and a pool for sync callbacks."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        # What ended the loop thread, if something did (see check_alive).
+        self.died: BaseException | None = None
         self.loop = asyncio.new_event_loop()
         self.callbacks = concurrent.futures.ThreadPoolExecutor(
             _CALLBACK_THREADS, thread_name_prefix="tenure-sync-callback"
@@ -60,7 +69,21 @@ class Portal:
     def _main(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(ready.set)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        except BaseException as exc:  # SystemExit or KeyboardInterrupt raised on the loop
+            self.died = exc
+            raise
+
+    def check_alive(self) -> None:
+        """Raise :class:`SyncLoopDied` if the loop thread has ended."""
+        if not self.thread.is_alive():
+            cause = self.died
+            raise SyncLoopDied(
+                "tenure.sync's loop thread has ended"
+                + (f" ({cause!r} reached it)" if cause is not None else "")
+                + ": blocking tenure calls cannot run in this process any more"
+            ) from cause
 
     def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -123,11 +146,15 @@ def call(fn: Callable[..., Coroutine[Any, Any, _T]], *args: Any, what: str = "")
         finally:
             done.release()
 
-    loop = (_portal or _start()).loop
+    current = _portal or _start()
+    current.check_alive()
+    loop = current.loop
     coro = run()
     try:
         loop.call_soon_threadsafe(_create_task, loop, coro, outcome)
-        done.acquire()
+        # A loop thread that dies meanwhile never answers: look every second.
+        while not done.acquire(timeout=1.0):
+            current.check_alive()
     except BaseException:
         loop.call_soon_threadsafe(_cancel, coro, outcome)
         raise

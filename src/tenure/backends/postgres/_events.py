@@ -15,11 +15,12 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
-from ..._errors import BackendUnavailable, InvalidArgument
+from ..._errors import BackendUnavailable
 from ..._pubsub import Callback, Event
 from .._claimed import ClaimedEvents, ClaimGroup, EventOptions, Outcome
 from ._connection import PgConnection
@@ -34,6 +35,32 @@ _SETTLE_RETRY = 0.05  # seconds before writing outcomes again after a failure; d
 _SETTLE_RETRY_MAX = 1.0
 _FENCED_RETRY = 0.1  # seconds before a take that the fence held off looks again
 _RECHECK = 0.05  # seconds after a take that found claims and one that found none: one more
+
+
+@dataclass(frozen=True)
+class _Queries:
+    """The event statements, each ``sql/<field name>.sql`` rendered for the schema."""
+
+    claim_extend: str
+    claim_hand_back: str
+    claim_prune_orphans: str
+    claim_reclaim: str
+    claim_settle: str
+    claim_take: str
+    event_expire: str
+    event_first: str
+    event_prune: str
+    event_publish: str
+    group_alive: str
+    group_backlog: str
+    group_delete: str
+    group_join: str
+    group_prune_dead: str
+    waiter_prune: str
+
+    @classmethod
+    def render(cls, render: Callable[[str], str]) -> _Queries:
+        return cls(**{f.name: render(f.name) for f in fields(cls)})
 
 
 @dataclass(eq=False)
@@ -51,6 +78,99 @@ class _Group(ClaimGroup):
         return self.drained < mark
 
 
+def _claim_arrays(consumer: object, claims: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """Claims (group id, event id, attempt, ...) of ``consumer`` as a statement's arrays."""
+    return {
+        "groups": [c[0] for c in claims],
+        "events": [c[1] for c in claims],
+        "attempts": [c[2] for c in claims],
+        "consumer": consumer,
+    }
+
+
+class _OutcomeWriter:
+    """Writes the queued outcomes in batches, one task at a time, in order.
+
+    A batch that fails is written again until it succeeds (each outcome names
+    its delivery, so writing one twice changes nothing): an acknowledgement
+    given up would bring a handled event back after ``visibility_timeout``, or
+    at the next reclaim. Past that timeout, or once closing, the claims are due
+    for redelivery anyway (at least once), and the batch goes.
+    """
+
+    def __init__(
+        self,
+        outcomes: deque[Outcome],
+        write: Callable[[list[Outcome]], Awaitable[None]],
+        give_up_after: float,
+        closing: Callable[[], bool],
+    ) -> None:
+        self._outcomes = outcomes
+        self._write = write
+        self._give_up_after = give_up_after
+        self._closing = closing
+        self._task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def start(self) -> None:
+        """Start writing what is queued, unless that is under way."""
+        if self._task is None or self._task.done():
+            self._idle.clear()
+            self._task = asyncio.get_running_loop().create_task(
+                self._loop(), name="tenure-postgres-settle"
+            )
+
+    async def drain(self) -> None:
+        """Wait until every outcome queued so far is written (or given up)."""
+        while self._outcomes or not self._idle.is_set():
+            if self._task is None or self._task.done():
+                if not self._outcomes:
+                    break
+                self.start()
+            await self._idle.wait()
+
+    def _next_batch(self) -> list[Outcome]:
+        batch: list[Outcome] = []
+        seen: set[tuple[int, int]] = set()
+        # Each claim at most once per statement (a failure, then the retry's
+        # success, go in two statements, in order).
+        while self._outcomes and len(batch) < _SETTLE_BATCH:
+            claim = self._outcomes[0][:2]
+            if claim in seen:
+                break
+            seen.add(claim)
+            batch.append(self._outcomes.popleft())
+        # Locked in key order: no deadlock with a concurrent batch.
+        batch.sort()
+        return batch
+
+    async def _loop(self) -> None:
+        failing_since: float | None = None
+        pause = _SETTLE_RETRY
+        try:
+            while self._outcomes:
+                batch = self._next_batch()
+                try:
+                    await self._write(batch)
+                except BackendUnavailable as exc:
+                    now = time.monotonic()
+                    failing_since = now if failing_since is None else failing_since
+                    if self._closing() or now - failing_since >= self._give_up_after:
+                        logger.warning("cannot write %d acknowledgements: %s", len(batch), exc)
+                        failing_since = None
+                        continue
+                    logger.info("cannot write %d acknowledgements yet: %s", len(batch), exc)
+                    self._outcomes.extendleft(reversed(batch))
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, _SETTLE_RETRY_MAX)
+                else:
+                    failing_since = None
+                    pause = _SETTLE_RETRY
+        finally:
+            self._idle.set()
+
+
 class PostgresEvents(ClaimedEvents[_Group]):
     """Pub/sub on the event tables: the event-loop side (mixed into :class:`PostgresPubSub`)."""
 
@@ -64,26 +184,10 @@ class PostgresEvents(ClaimedEvents[_Group]):
         # A private group whose instance stops heart-beating (every
         # visibility_timeout / 3) is deleted by any instance after this long.
         self._alive_for = 5 * opts.visibility_timeout
-        self._settler: asyncio.Task[None] | None = None
-        self._settled = asyncio.Event()
-        self._settled.set()
-        render = self._conn.render
-        self._q_publish = render("event_publish")
-        self._q_first = render("event_first")
-        self._q_prune = render("event_prune")
-        self._q_expire = render("event_expire")
-        self._q_join = render("group_join")
-        self._q_alive = render("group_alive")
-        self._q_delete_group = render("group_delete")
-        self._q_prune_groups = render("group_prune_dead")
-        self._q_backlog = render("group_backlog")
-        self._q_take = render("claim_take")
-        self._q_settle = render("claim_settle")
-        self._q_extend = render("claim_extend")
-        self._q_hand_back = render("claim_hand_back")
-        self._q_reclaim = render("claim_reclaim")
-        self._q_prune_waiters = render("waiter_prune")
-        self._q_prune_orphans = render("claim_prune_orphans")
+        self._writer = _OutcomeWriter(
+            self._outcomes, self._write_batch, opts.visibility_timeout, lambda: self._closed
+        )
+        self._events_q = _Queries.render(self._conn.render)
         self._conn.on_events(self._on_event_notify, self._wake_all)
 
     async def _sql(
@@ -109,13 +213,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
 
     async def _append(self, topic: str, event: Event, given: bool) -> str | None:
         # One statement: the event and one claim per consumer group of the topic.
-        source: bytes | None = None
-        if given:
-            assert event.id is not None
-            try:
-                source = event.id.encode()
-            except UnicodeEncodeError:
-                raise InvalidArgument("event.id must be encodable as UTF-8") from None
+        source = event.id.encode() if given and event.id is not None else None
         topic_b = topic.encode()
         params = {
             "topic": topic_b,
@@ -126,7 +224,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
         }
         # With a caller id a retry after a broken connection is safe: the first
         # attempt, if it was stored, is found and returned.
-        rows = await self._sql("publish", self._q_publish, params, retry=given)
+        rows = await self._sql("publish", self._events_q.event_publish, params, retry=given)
         stored, first, _ = rows[0]
         body: str | None = first
         if stored is not None or source is None:
@@ -135,7 +233,10 @@ class PostgresEvents(ClaimedEvents[_Group]):
             # A concurrent publish of the same id committed after this
             # statement's snapshot; or the topic has no group.
             found = await self._sql(
-                "publish", self._q_first, {"topic": topic_b, "source": source}, retry=True
+                "publish",
+                self._events_q.event_first,
+                {"topic": topic_b, "source": source},
+                retry=True,
             )
             body = found[0][0] if found else None
         return body
@@ -144,7 +245,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
         return _Group(topic, group, await self._group_id(topic, group))
 
     async def _drop(self, target: _Group) -> None:
-        await self._sql("subscribe", self._q_delete_group, {"id": target.gid}, retry=True)
+        await self._sql("subscribe", self._events_q.group_delete, {"id": target.gid}, retry=True)
 
     async def _group_id(self, topic: str, group: str | None) -> int:
         """Join (creating it if needed) the group in the database; its id."""
@@ -153,7 +254,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
         name = b"\0fan-out\0" + uuid.uuid4().bytes if group is None else group.encode()
         rows = await self._sql(
             "subscribe",
-            self._q_join,
+            self._events_q.group_join,
             {
                 "topic": topic.encode(),
                 "name": name,
@@ -177,7 +278,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
         await self._settle_all()
         taken = await self._sql(
             "reclaim",
-            self._q_reclaim,
+            self._events_q.claim_reclaim,
             {"topic": topic, "name": name, "channel": self._conn.event_channel},
             retry=True,
         )
@@ -185,7 +286,10 @@ class PostgresEvents(ClaimedEvents[_Group]):
 
     async def _backlog(self, name: bytes, low: bytes, high: bytes) -> list[str]:
         rows = await self._sql(
-            "backlog", self._q_backlog, {"name": name, "low": low, "high": high}, retry=True
+            "backlog",
+            self._events_q.group_backlog,
+            {"name": name, "low": low, "high": high},
+            retry=True,
         )
         return [bytes(topic).decode() for (topic,) in rows]
 
@@ -211,36 +315,29 @@ class PostgresEvents(ClaimedEvents[_Group]):
     async def _leave(self, target: _Group) -> None:
         await target.stop_fetching()
         if target.private:
-            await self._sql("unsubscribe", self._q_delete_group, {"id": target.gid}, retry=True)
+            await self._sql(
+                "unsubscribe", self._events_q.group_delete, {"id": target.gid}, retry=True
+            )
             return
         unfinished = target.unfinished()
         if unfinished:
             await self._sql(
                 "unsubscribe",
-                self._q_hand_back,
+                self._events_q.claim_hand_back,
                 {
-                    **self._claims([(target.gid, e, a) for e, a in unfinished]),
+                    **_claim_arrays(self._consumer, [(target.gid, e, a) for e, a in unfinished]),
                     "topic": target.topic.encode(),
                     "channel": self._conn.event_channel,
                 },
                 retry=True,
             )
 
-    def _claims(self, claims: Sequence[Sequence[int]]) -> dict[str, Any]:
-        """Claims (group id, event id, attempt, ...) of this consumer as a statement's arrays."""
-        return {
-            "groups": [c[0] for c in claims],
-            "events": [c[1] for c in claims],
-            "attempts": [c[2] for c in claims],
-            "consumer": self._consumer,
-        }
-
     async def _take(self, group: _Group) -> list[tuple[int, int, str]] | None:
         """The claims taken, sorted; ``None`` when the fence held this take off."""
         keys, prefixes = group.fence_arrays()
         rows = await self._sql(
             "take events",
-            self._q_take,
+            self._events_q.claim_take,
             {
                 "group": group.gid,
                 "limit": _BATCH,
@@ -325,71 +422,22 @@ class PostgresEvents(ClaimedEvents[_Group]):
     # -- outcomes, in batches -----------------------------------------------------------
 
     def _write_outcomes(self) -> None:
-        if self._settler is None or self._settler.done():
-            self._settled.clear()
-            self._settler = asyncio.get_running_loop().create_task(
-                self._settle_loop(), name="tenure-postgres-settle"
-            )
-
-    async def _settle_loop(self) -> None:
-        failing_since: float | None = None
-        pause = _SETTLE_RETRY
-        try:
-            while self._outcomes:
-                batch: list[Outcome] = []
-                seen: set[tuple[int, int]] = set()
-                # Each claim at most once per statement (a failure, then the
-                # retry's success, go in two statements, in order).
-                while self._outcomes and len(batch) < _SETTLE_BATCH:
-                    claim = self._outcomes[0][:2]
-                    if claim in seen:
-                        break
-                    seen.add(claim)
-                    batch.append(self._outcomes.popleft())
-                # Locked in key order: no deadlock with a concurrent batch.
-                batch.sort()
-                try:
-                    await self._sql(
-                        "acknowledge events",
-                        self._q_settle,
-                        {
-                            **self._claims(batch),
-                            "failed": [o[3] for o in batch],
-                            "visible": self._event_opts.visibility_timeout,
-                        },
-                        retry=True,
-                    )
-                except BackendUnavailable as exc:
-                    # Written again until it succeeds (each outcome names its
-                    # delivery, so writing one twice changes nothing): an
-                    # acknowledgement given up would bring a handled event back
-                    # after visibility_timeout, or at the next reclaim. Past
-                    # that timeout, or once closing, the claims are due for
-                    # redelivery anyway (at least once), and the batch goes.
-                    now = time.monotonic()
-                    failing_since = now if failing_since is None else failing_since
-                    if self._closed or now - failing_since >= self._event_opts.visibility_timeout:
-                        logger.warning("cannot write %d acknowledgements: %s", len(batch), exc)
-                        failing_since = None
-                        continue
-                    logger.info("cannot write %d acknowledgements yet: %s", len(batch), exc)
-                    self._outcomes.extendleft(reversed(batch))
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, _SETTLE_RETRY_MAX)
-                else:
-                    failing_since = None
-                    pause = _SETTLE_RETRY
-        finally:
-            self._settled.set()
+        self._writer.start()
 
     async def _settle_all(self) -> None:
-        """Wait until every outcome queued so far is written (or given up)."""
-        while self._outcomes or not self._settled.is_set():
-            if self._settler is None or self._settler.done():
-                if not self._outcomes:
-                    break
-                self._write_outcomes()
-            await self._settled.wait()
+        await self._writer.drain()
+
+    async def _write_batch(self, batch: list[Outcome]) -> None:
+        await self._sql(
+            "acknowledge events",
+            self._events_q.claim_settle,
+            {
+                **_claim_arrays(self._consumer, batch),
+                "failed": [o[3] for o in batch],
+                "visible": self._event_opts.visibility_timeout,
+            },
+            retry=True,
+        )
 
     # -- upkeep -----------------------------------------------------------------------
 
@@ -425,15 +473,18 @@ class PostgresEvents(ClaimedEvents[_Group]):
         if held:
             rows = await self._sql(
                 "extend claims",
-                self._q_extend,
-                {**self._claims(held), "visible": self._event_opts.visibility_timeout},
+                self._events_q.claim_extend,
+                {
+                    **_claim_arrays(self._consumer, held),
+                    "visible": self._event_opts.visibility_timeout,
+                },
                 retry=True,
             )
             kept = {(int(g), int(e)) for g, e in rows}
         self._forget(groups, [h for h in held if h[:2] not in kept])
         alive = await self._sql(
             "extend groups",
-            self._q_alive,
+            self._events_q.group_alive,
             {"ids": [g.gid for g in groups], "alive": self._alive_for},
             retry=True,
         )
@@ -455,11 +506,15 @@ class PostgresEvents(ClaimedEvents[_Group]):
 
     async def _prune(self) -> None:
         for op, query, params in (
-            ("prune groups", self._q_prune_groups, {}),
-            ("prune claims", self._q_prune_orphans, {}),
-            ("prune events", self._q_expire, {"retention": self._event_opts.retention}),
-            ("prune events", self._q_prune, {}),
-            ("prune waiters", self._q_prune_waiters, {}),
+            ("prune groups", self._events_q.group_prune_dead, {}),
+            ("prune claims", self._events_q.claim_prune_orphans, {}),
+            (
+                "prune events",
+                self._events_q.event_expire,
+                {"retention": self._event_opts.retention},
+            ),
+            ("prune events", self._events_q.event_prune, {}),
+            ("prune waiters", self._events_q.waiter_prune, {}),
         ):
             await self._sql(op, query, params, retry=True)
 

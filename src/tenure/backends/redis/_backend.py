@@ -229,6 +229,16 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     nothing once seen drained. The index key is not in the stream's hash
     slot, so publish and backlog touch two slots: a Redis Cluster concern
     left for later (on one Redis, or a cluster of one shard, it is exact).
+
+    **Fenced takes** (``FENCED_TAKES``; not on a cluster, where the lease and
+    the stream are in different slots). ``subscribe(..., fence=LeaseFence(key,
+    owner_prefix))``: every take of that subscription (the read of new entries,
+    and the claim of entries others left or a reclaim gave back) is one script
+    (``lua/fenced.lua``) that checks the lease ``key`` is held by an owner with
+    that prefix and takes nothing otherwise; it waits for new entries with
+    ``XREAD BLOCK``, which takes nothing. A subscriber whose lease is gone can
+    then not take what the next holder reclaimed or is about to read. The
+    thread runtime subscribes this way.
     """
 
     capabilities = RedisLeases.capabilities | RedisStreams.capabilities
@@ -394,6 +404,6 @@ class RedisClusterPubSub(RedisStreamsPubSub):
     :meth:`RedisStreamsPubSub.from_url`, without ``db`` (a cluster has one).
     """
 
-    capabilities = RedisStreamsPubSub.capabilities & ~Capability.BACKLOG
+    capabilities = RedisStreamsPubSub.capabilities & ~(Capability.BACKLOG | Capability.FENCED_TAKES)
     _cluster_client = True
     _client_kind = "redis.asyncio.RedisCluster"

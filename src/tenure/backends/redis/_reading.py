@@ -20,10 +20,10 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from ..._errors import BackendUnavailable
-from ..._pubsub import Callback, Event
+from ..._pubsub import Callback, Event, LeaseFence, call_back
 from ._connection import RedisParts
 from ._scripts import load_script
 
@@ -32,6 +32,9 @@ __all__ = ["StreamReader"]
 logger = logging.getLogger("tenure.redis")
 
 _SETTLE = load_script("settle")
+_FENCED = load_script("fenced")
+_FENCED_RETRY = 0.1  # seconds before a read that the fence held off looks again
+_NOSCRIPT: Any = object()  # a pipelined take found lua/fenced.lua not loaded
 # Acknowledgements written by one run of the script at most.
 _ACK_BATCH = 256
 # The consumer that holds handed-back and reclaimed entries until a member takes
@@ -41,6 +44,11 @@ _RETURNED = b"tenure.returned"
 # yet below the server's clock in ms (Redis ignores an IDLE that would place the
 # delivery before the epoch).
 _RETURNED_IDLE_MS = 10 * 365 * 24 * 3600 * 1000
+
+
+def _fields(raw: Any) -> Any:
+    """An entry's fields as a dict (a script's reply has them as a flat list)."""
+    return dict(zip(raw[::2], raw[1::2], strict=True)) if isinstance(raw, list) else raw
 
 
 def _entries(reply: Any) -> list[tuple[bytes, Any]]:
@@ -62,6 +70,14 @@ class _Sub:
     group: str
     consumer: str
     fanout: bool
+    # Take entries only while this lease is held (see lua/fenced.lua); its key.
+    fence: LeaseFence | None = None
+    fence_key: bytes = b""
+    # The last take was fenced off (flush does not wait for such a subscriber).
+    fenced: bool = False
+    # The stream's newest entry when the last take left nothing to take: the
+    # next one waits for an entry after it before taking.
+    newest: bytes | None = None
     task: asyncio.Task[None] | None = None
     # Set by unsubscribe: from then on the reader hands nothing to the callback.
     stopped: bool = False
@@ -86,7 +102,6 @@ class StreamReader(RedisParts):
 
     async def _read_loop(self, sub: _Sub) -> None:
         loop = asyncio.get_running_loop()
-        client = self._client
         backoff = 0.05
         next_claim = loop.time()
         # Entries handed back by a leaving member are claimable at once: look for
@@ -108,17 +123,10 @@ class StreamReader(RedisParts):
                 if history:
                     await self._redeliver_own(sub)
                     history = False
-                reply = await self._io(
-                    client.xreadgroup,
-                    sub.group,
-                    sub.consumer,
-                    {sub.stream: ">"},
-                    count=64,
-                    block=self._block_ms,
-                    blocking=True,
+                entries = await (
+                    self._read_new(sub) if sub.fence is None else self._read_fenced(sub)
                 )
                 backoff = 0.05
-                entries = _entries(reply)
                 if entries and not sub.fanout:
                     # Entries given back while this read was blocked are older
                     # than the new ones: they go first.
@@ -127,25 +135,117 @@ class StreamReader(RedisParts):
                     await self._handle(sub, entry_id, fields, 1)
             except BackendUnavailable as exc:
                 history = True
-                cause = exc.__cause__
-                if isinstance(cause, ResponseError) and "NOGROUP" in str(cause):
-                    # The stream or group vanished (deleted, or a restart without
-                    # persistence): start again at the end of the stream.
-                    logger.warning(
-                        "consumer group of topic %r disappeared; recreating it", sub.topic
-                    )
-                    with contextlib.suppress(BackendUnavailable):
-                        await self._create_group(sub)
-                    continue
-                logger.warning(
-                    "reading topic %r from Redis at %s failed (%s); retrying in %.2f s",
-                    sub.topic,
-                    self._where,
-                    exc,
-                    backoff,
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                backoff = await self._read_failed(sub, exc, backoff)
+
+    async def _read_failed(self, sub: _Sub, exc: BackendUnavailable, backoff: float) -> float:
+        """Recover from a failed read; the backoff for the next failure."""
+        cause = exc.__cause__
+        if isinstance(cause, ResponseError) and "NOGROUP" in str(cause):
+            # The stream or group vanished (deleted, or a restart without
+            # persistence): start again at the end of the stream.
+            logger.warning("consumer group of topic %r disappeared; recreating it", sub.topic)
+            with contextlib.suppress(BackendUnavailable):
+                await self._create_group(sub)
+            return backoff
+        logger.warning(
+            "reading topic %r from Redis at %s failed (%s); retrying in %.2f s",
+            sub.topic,
+            self._where,
+            exc,
+            backoff,
+        )
+        await asyncio.sleep(backoff)
+        return min(backoff * 2, 2.0)
+
+    async def _read_new(self, sub: _Sub) -> list[tuple[bytes, Any]]:
+        """Up to 64 new entries, waiting up to ``block_ms`` for one."""
+        reply = await self._io(
+            self._client.xreadgroup,
+            sub.group,
+            sub.consumer,
+            {sub.stream: ">"},
+            count=64,
+            block=self._block_ms,
+            blocking=True,
+        )
+        return _entries(reply)
+
+    async def _read_fenced(self, sub: _Sub) -> list[tuple[bytes, Any]]:
+        """:meth:`_read_new` under the subscription's fence: new entries are taken in a
+        script that checks the lease first, never by a blocking read that could
+        take them after the lease is gone; the wait is a plain ``XREAD BLOCK``
+        (which takes nothing) with the take pipelined after it."""
+        take = (
+            b"XREADGROUP", b"GROUP", sub.group, sub.consumer, b"COUNT", 64,
+            b"STREAMS", sub.stream, b">",
+        )  # fmt: skip
+        if sub.newest is None:
+            done = await self._fenced(sub, *take)
+        else:
+            # Every entry up to it was delivered when the last take looked.
+            done = await self._io(self._wait_then_take, sub, take, blocking=True)
+            if done is _NOSCRIPT:
+                done = await self._fenced(sub, *take)
+        if done is None:
+            # Fenced off: this subscriber's lease is not held. Its holder
+            # unsubscribes soon; look again meanwhile, slowly.
+            sub.newest = None
+            await asyncio.sleep(_FENCED_RETRY)
+            return []
+        reply, newest = done
+        entries = [(entry_id, _fields(raw)) for entry_id, raw in _entries(reply)]
+        # Fewer than asked for: nothing newer was left to take.
+        sub.newest = newest if len(entries) < 64 else None
+        return entries
+
+    async def _wait_then_take(self, sub: _Sub, take: tuple[Any, ...]) -> Any:
+        """``XREAD BLOCK`` after ``sub.newest``, then the fenced take, pipelined:
+        Redis runs the take as soon as the wait ends (an entry, or ``block_ms``),
+        without a round trip in between. The take's outcome as :meth:`_fenced`
+        gives it, or ``_NOSCRIPT`` when the script is not loaded yet."""
+        assert sub.fence is not None and sub.newest is not None
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.xread({sub.stream: sub.newest}, count=1, block=self._block_ms)
+            pipe.evalsha(
+                _FENCED.sha, 2, sub.fence_key, sub.stream, sub.fence.owner_prefix.encode(), *take
+            )
+            woke, reply = await pipe.execute(raise_on_error=False)
+        for outcome in (woke, reply):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, NoScriptError):
+                raise outcome
+        if isinstance(reply, NoScriptError):
+            return _NOSCRIPT
+        return self._fenced_reply(sub, reply)
+
+    def _fenced_reply(self, sub: _Sub, reply: Any) -> tuple[Any, bytes] | None:
+        sub.fenced = not reply[0]
+        return (reply[1], reply[2]) if reply[0] else None
+
+    async def _fenced(self, sub: _Sub, *command: Any) -> tuple[Any, bytes] | None:
+        """``command`` on the stream, run only while the fence holds (``lua/fenced.lua``):
+        its reply and the stream's newest id, or ``None`` when fenced off."""
+        assert sub.fence is not None
+        reply = await self._eval(
+            _FENCED, (sub.fence_key, sub.stream), (sub.fence.owner_prefix.encode(), *command)
+        )
+        return self._fenced_reply(sub, reply)
+
+    async def _claim(
+        self, sub: _Sub, min_idle_ms: int, ids: list[bytes]
+    ) -> list[tuple[bytes, Any]] | None:
+        """``XCLAIM`` the entries ``ids`` for this consumer (under the fence, if
+        any): the entries claimed, or ``None`` when fenced off."""
+        if sub.fence is None:
+            claimed = await self._io(
+                self._client.xclaim, sub.stream, sub.group, sub.consumer, min_idle_ms, ids
+            )
+            return list(claimed or ())
+        done = await self._fenced(
+            sub, b"XCLAIM", sub.stream, sub.group, sub.consumer, min_idle_ms, *ids
+        )
+        if done is None:
+            return None
+        return [(entry[0], _fields(entry[1])) for entry in done[0] or () if entry]
 
     async def _redeliver_own(self, sub: _Sub) -> None:
         """Handle the entries this consumer was given but never acknowledged."""
@@ -158,10 +258,10 @@ class StreamReader(RedisParts):
                 return
             counts = {p["message_id"]: int(p["times_delivered"]) for p in pending}
             # XCLAIM to ourselves bumps the delivery count and returns the entries.
-            claimed = await self._io(
-                client.xclaim, sub.stream, sub.group, sub.consumer, 0, list(counts)
-            )
-            for entry_id, fields in claimed or ():
+            claimed = await self._claim(sub, 0, list(counts))
+            if claimed is None:
+                return  # fenced off: the lease's next holder reclaims them
+            for entry_id, fields in claimed:
                 await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
             await self.write_acks(sub)
             if len(pending) < 64:
@@ -191,88 +291,91 @@ class StreamReader(RedisParts):
             if counts:
                 # The min-idle makes a race with another member's claim harmless:
                 # the first claim resets the idle time, so the second takes nothing.
-                claimed = await self._io(
-                    client.xclaim,
-                    sub.stream,
-                    sub.group,
-                    sub.consumer,
-                    self._claim_idle_ms,
-                    list(counts),
-                )
-                for entry_id, fields in claimed or ():
+                claimed = await self._claim(sub, self._claim_idle_ms, list(counts))
+                if claimed is None:
+                    return  # fenced off
+                for entry_id, fields in claimed:
                     await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
                 await self.write_acks(sub)
             if len(pending) < 64:
                 return
             start = b"(" + pending[-1]["message_id"]
 
-    async def _handle(self, sub: _Sub, entry_id: bytes, fields: Any, attempt: int) -> None:
-        if sub.stopped:
-            return  # left pending: unsubscribe hands it back to the group
+    def _event(self, sub: _Sub, entry_id: bytes, fields: Any, attempt: int) -> Event | None:
+        """The entry's event, or ``None`` (logged) if it is not one or is spent."""
         raw = fields.get(b"e") if isinstance(fields, dict) else None
-        event: Event | None = None
-        if raw is not None:
-            try:
-                event = Event.from_json(raw, attempt=attempt)
-            except (ValueError, KeyError, TypeError):
-                logger.error(
-                    "topic %r: entry %r is not a tenure event; dropping it", sub.topic, entry_id
-                )
-        if event is not None and event.attempt > self._max_attempts:
+        if raw is None:
+            return None  # trimmed from the stream while pending
+        try:
+            event = Event.from_json(raw, attempt=attempt)
+        except (ValueError, KeyError, TypeError):
+            logger.error(
+                "topic %r: entry %r is not a tenure event; dropping it", sub.topic, entry_id
+            )
+            return None
+        if event.attempt > self._max_attempts:
             logger.error(
                 "topic %r: event %s was delivered %d times without success; dropping it",
                 sub.topic,
                 event.id,
                 event.attempt - 1,
             )
-            event = None
+            return None
+        return event
+
+    async def _handle(self, sub: _Sub, entry_id: bytes, fields: Any, attempt: int) -> None:
+        if sub.stopped:
+            return  # left pending: unsubscribe hands it back to the group
+        event = self._event(sub, entry_id, fields, attempt)
         while event is not None:
-            try:
-                await sub.callback(event)
-            except Exception:
-                if event.attempt >= self._max_attempts:
-                    logger.error(
-                        "callback for topic %r raised on event %s %d times; dropping it",
-                        sub.topic,
-                        event.id,
-                        event.attempt,
-                        exc_info=True,
-                    )
-                    break
-                logger.warning(
-                    "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
+            # A CancelledError out of here (the reader is stopped) skips the
+            # acknowledgement: the event stays pending, and in a named group
+            # another member claims it.
+            failure = await call_back(sub.callback, event)
+            if failure is None:
+                break
+            if event.attempt >= self._max_attempts:
+                logger.error(
+                    "callback for topic %r raised on event %s %d times; dropping it",
                     sub.topic,
                     event.id,
                     event.attempt,
-                    self._max_attempts,
-                    exc_info=True,
+                    exc_info=failure,
                 )
-                event = replace(event, attempt=event.attempt + 1)
-                # Record the attempt in the group (and reset the idle time) so a
-                # crash now resumes with the right count and nobody steals it.
-                # Unless it was taken away meanwhile: then its holder delivers it.
-                mine = 1
-                with contextlib.suppress(BackendUnavailable):
-                    mine = await self._eval(
-                        _SETTLE,
-                        (sub.stream,),
-                        (sub.group, sub.consumer, event.attempt, entry_id),
-                    )
-                if not mine:
-                    logger.info(
-                        "topic %r: event %s was given back to the group; not retrying it here",
-                        sub.topic,
-                        event.id,
-                    )
-                    return
-            else:
                 break
-        # CancelledError skips this: the event stays pending, and in a named
-        # group another member claims it. An event taken away meanwhile (by a
-        # reclaim) is not acknowledged when the batch is: it is its new holder's.
+            logger.warning(
+                "callback for topic %r raised on event %s (attempt %d of %d); redelivering",
+                sub.topic,
+                event.id,
+                event.attempt,
+                self._max_attempts,
+                exc_info=failure,
+            )
+            event = replace(event, attempt=event.attempt + 1)
+            if not await self._record_attempt(sub, entry_id, event):
+                return
+        # An event taken away meanwhile (by a reclaim) is not acknowledged when
+        # the batch is: it is its new holder's.
         sub.acks.append(entry_id)
         if len(sub.acks) >= _ACK_BATCH:
             await self.write_acks(sub)
+
+    async def _record_attempt(self, sub: _Sub, entry_id: bytes, event: Event) -> bool:
+        """Record the attempt about to be made in the group (and reset the idle
+        time), so a crash now resumes with the right count and nobody steals it.
+        ``False`` if the entry was taken away meanwhile: its holder delivers it."""
+        mine = 1
+        with contextlib.suppress(BackendUnavailable):
+            mine = await self._eval(
+                _SETTLE, (sub.stream,), (sub.group, sub.consumer, event.attempt, entry_id)
+            )
+        if not mine:
+            logger.info(
+                "topic %r: event %s was given back to the group; not retrying it here",
+                sub.topic,
+                event.id,
+            )
+        return bool(mine)
 
     async def write_acks(self, sub: _Sub) -> None:
         """Acknowledge the entries whose callback returned, those this consumer

@@ -15,13 +15,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
 
 from ..._contract import Capability
-from ..._errors import BackendUnavailable, InvalidArgument
-from ..._pubsub import Callback, Event, PubSub, check_backlog, check_publish, check_subscribe
+from ..._errors import BackendUnavailable, ConfigurationError, InvalidArgument
+from ..._pubsub import (
+    Callback,
+    Event,
+    LeaseFence,
+    PubSub,
+    check_backlog,
+    check_publish,
+    check_subscribe,
+)
 from ..._validate import check_name
 from ._keys import _tag
 from ._reading import _RETURNED, _RETURNED_IDLE_MS, StreamReader, _Sub
@@ -35,6 +44,8 @@ _HAND_BACK = load_script("hand_back")
 _PUBLISH = load_script("publish")
 _RECLAIM = load_script("reclaim")
 _BACKLOG = load_script("backlog")
+# Topics without a local subscriber whose last publish flush still knows.
+_PUBLISHED_MAX = 1024
 # Topics checked by one run of backlog.lua: bounds how long one script blocks Redis.
 _BACKLOG_BATCH = 256
 
@@ -49,7 +60,7 @@ class RedisStreams(StreamReader, PubSub):
     """Durable pub/sub on Redis Streams; the guarantees are in the
     :class:`~tenure.backends.redis.RedisStreamsPubSub` docstring."""
 
-    capabilities = Capability.RUNTIME_LOG
+    capabilities = Capability.RUNTIME_LOG | Capability.FENCED_TAKES
 
     # From the lease core, with which the backend combines this half.
     _closed: bool
@@ -57,6 +68,8 @@ class RedisStreams(StreamReader, PubSub):
     if TYPE_CHECKING:
 
         def _check_open(self) -> None: ...
+
+        def _lease_key(self, key: str) -> tuple[bytes, bytes]: ...
 
     def _setup_streams(
         self,
@@ -73,7 +86,10 @@ class RedisStreams(StreamReader, PubSub):
         self._claim_idle_ms = claim_idle_ms
         self._block_ms = block_ms
         self._subs: dict[str, dict[Callback, _Sub]] = {}
-        self._published: dict[str, tuple[int, int]] = {}
+        # Per topic, the newest entry this instance published (what flush waits
+        # for): every topic with a local subscriber, and the last
+        # _PUBLISHED_MAX others, so that a topic per conversation does not leak.
+        self._published: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._consumers = 0
 
     def _stream_key(self, topic: str) -> bytes:
@@ -111,10 +127,23 @@ class RedisStreams(StreamReader, PubSub):
         )
         if not stored:
             return Event.from_json(value)
-        parsed = _parse_id(value)
-        if parsed > self._published.get(topic, (0, 0)):
-            self._published[topic] = parsed
+        self._note_published(topic, _parse_id(value))
         return event
+
+    def _note_published(self, topic: str, entry: tuple[int, int]) -> None:
+        published = self._published
+        if entry > published.get(topic, (0, 0)):
+            published[topic] = entry
+        published.move_to_end(topic)
+        subscribed = self._subs
+        # At most len(subscribed) entries are kept for a subscriber: the loop
+        # ends once one without is dropped.
+        while len(published) > _PUBLISHED_MAX + len(subscribed):
+            oldest, mark = published.popitem(last=False)
+            if oldest in subscribed:
+                published[oldest] = mark
+            else:
+                break
 
     async def reclaim(self, topic: str, group: str) -> int:
         """Give every event of ``group`` on ``topic`` that a member (alive or
@@ -170,15 +199,31 @@ class RedisStreams(StreamReader, PubSub):
             out.extend(b.decode("utf-8") for b in busy)
         return out
 
-    async def subscribe(self, topic: str, callback: Callback, *, group: str | None = None) -> None:
+    async def subscribe(
+        self,
+        topic: str,
+        callback: Callback,
+        *,
+        group: str | None = None,
+        fence: LeaseFence | None = None,
+    ) -> None:
         """Deliver ``topic`` to ``callback``: every event (no ``group``) or a share of the group's.
 
         A new group, and every fan-out subscription, starts at the end of the
         stream: events published after this returns are delivered. An
-        existing group continues where it was.
+        existing group continues where it was. With ``fence``
+        (``Capability.FENCED_TAKES``), entries are taken for this subscription
+        only while that lease is held (see :class:`~tenure.LeaseFence`): each
+        take is a script that checks the lease first, and the subscriber waits
+        for new entries with a plain ``XREAD BLOCK``, which takes nothing.
         """
-        check_subscribe(topic, callback, group)
+        check_subscribe(topic, callback, group, fence)
         self._check_open()
+        if fence is not None and Capability.FENCED_TAKES not in self.capabilities:
+            raise ConfigurationError(
+                f"{type(self).__name__} cannot fence takes (the lease and the stream "
+                "are in different slots): it does not declare Capability.FENCED_TAKES"
+            )
         subs = self._subs.setdefault(topic, {})
         if callback in subs:
             raise InvalidArgument(f"callback is already subscribed to topic {topic!r}")
@@ -191,6 +236,8 @@ class RedisStreams(StreamReader, PubSub):
             group=name,
             consumer=f"{self._instance}-{self._consumers}",
             fanout=group is None,
+            fence=fence,
+            fence_key=b"" if fence is None else self._lease_key(fence.key)[0],
         )
         subs[callback] = sub
         try:
@@ -281,12 +328,14 @@ class RedisStreams(StreamReader, PubSub):
         """Wait until local subscribers are done with what this instance published.
 
         Guarantee: for every topic this instance published to and that has a
-        local subscriber, every event published through this instance before
+        local subscriber (published while it had one, or among the last 1,024
+        other topics it published to), every event published through this instance before
         the call has been delivered by each local subscription's consumer
         group and is no longer pending at that subscription (its callback
         returned, or the event was dropped after ``max_attempts``). An event
         of a named group taken by a member in another process is not waited
-        for, nor are events published by other clients. Polls Redis every
+        for, nor are events published by other clients, nor a fenced
+        subscription whose last take was fenced off. Polls Redis every
         5 ms; returns early if the backend is closed meanwhile.
         """
         self._check_open()
@@ -302,6 +351,8 @@ class RedisStreams(StreamReader, PubSub):
                 delivered = {g["name"]: g["last-delivered-id"] for g in groups}
                 end = f"{target[0]}-{target[1]}"
                 for sub in subs:
+                    if sub.fenced:
+                        continue  # takes nothing until its lease is held again
                     last = delivered.get(sub.group.encode("utf-8"))
                     if last is None or _parse_id(last) < target:
                         busy = True

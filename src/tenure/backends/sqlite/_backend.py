@@ -103,6 +103,32 @@ def _path_from_url(url: str) -> str:
     return path
 
 
+def _look(
+    conn: sqlite3.Connection,
+    worker: Worker,
+    clock: Callable[[], float],
+    keys: list[bytes],
+    after_event: int | None,
+) -> tuple[dict[bytes, int | None], list[tuple[bytes, int]]]:
+    """On the worker thread: the live token of each of ``keys`` (``None``: free),
+    and the topics with events after ``after_event`` (with the newest id), in one snapshot."""
+    states: dict[bytes, int | None] = dict.fromkeys(keys)
+    # Read before the snapshot starts: a commit after it changes the
+    # number again, so the next poll does not skip it.
+    worker.data_version = conn.execute("PRAGMA data_version").fetchone()[0]
+    conn.execute("BEGIN")  # one snapshot for everything read below
+    now = clock()
+    for start in range(0, len(keys), CHUNK):
+        chunk = keys[start : start + CHUNK]
+        rows = conn.execute(in_list(_CHECK_LEASES, len(chunk)), chunk)
+        states.update({k: token for k, token, deadline in rows if deadline > now})
+    topics: list[tuple[bytes, int]] = []
+    if after_event is not None:
+        topics = conn.execute(_EVENTS_AFTER, (after_event,)).fetchall()
+    conn.execute("COMMIT")
+    return states, topics
+
+
 class SqlitePubSub(SqliteLeases, SqliteEvents):
     """Leases and durable pub/sub in one SQLite file (``sqlite:///path``).
 
@@ -168,8 +194,10 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     heartbeat; a process stopped for that long joins again at the log's end
     and misses what was published meanwhile (logged at WARNING). Events every group of
     their topic has acknowledged are pruned every ``prune_interval`` seconds
-    (default 10), and any event older than ``retention`` (default 7 days) is
-    pruned even if unacknowledged, so the file does not grow without bound.
+    (default 10), and any event stored more than ``retention`` ago (default 7
+    days; counted from when the log stored it, not from its ``created_at``, so a
+    replayed old event is delivered) is pruned even if unacknowledged, so the
+    file does not grow without bound.
 
     **Deduplication** (``DEDUPE``). A publish whose caller set ``event.id``
     stores nothing if the topic's log still keeps an event with that id, and
@@ -177,7 +205,7 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     unique index on (topic, id), inside the publishing transaction, so two
     concurrent publishes of one id, from any processes, store one event. Such
     events are kept (even acknowledged) for ``dedupe_window`` seconds after
-    their ``created_at`` (default 24 hours; at most ``retention``; removed by the
+    they were stored (default 24 hours; at most ``retention``; removed by the
     first prune after that), so a retry within that window is recognised. An
     event that was not stored (its topic had no group) is not remembered.
     Events without a caller id cost nothing more: they are not in the index.
@@ -378,25 +406,6 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
                 understood = False
         return understood
 
-    def _check_job(
-        self, conn: sqlite3.Connection, keys: list[bytes], after_event: int | None
-    ) -> tuple[dict[bytes, int | None], list[tuple[bytes, int]]]:
-        states: dict[bytes, int | None] = dict.fromkeys(keys)
-        # Read before the snapshot starts: a commit after it changes the
-        # number again, so the next poll does not skip it.
-        self._worker.data_version = conn.execute("PRAGMA data_version").fetchone()[0]
-        conn.execute("BEGIN")  # one snapshot for everything read below
-        now = self._clock()
-        for start in range(0, len(keys), CHUNK):
-            chunk = keys[start : start + CHUNK]
-            rows = conn.execute(in_list(_CHECK_LEASES, len(chunk)), chunk)
-            states.update({k: token for k, token, deadline in rows if deadline > now})
-        topics: list[tuple[bytes, int]] = []
-        if after_event is not None:
-            topics = conn.execute(_EVENTS_AFTER, (after_event,)).fetchall()
-        conn.execute("COMMIT")
-        return states, topics
-
     async def _refresh(self) -> None:
         while True:
             self._refresh_again = False
@@ -405,7 +414,7 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
                 del self._watched[stale]
             try:
                 states, topics = await self._run(
-                    self._check_job, encode_many(waited), self._last_event_id
+                    _look, self._worker, self._clock, encode_many(waited), self._last_event_id
                 )
             except BackendUnavailable as exc:
                 logger.warning("cannot check %s for changes: %s", self._file, exc)

@@ -101,16 +101,18 @@ class EventLog:
         self.next_prune = 0.0
 
     def publish(
-        self, conn: sqlite3.Connection, topic: bytes, body: str, created: float, source: str | None
+        self, conn: sqlite3.Connection, topic: bytes, body: str, source: str | None
     ) -> str | None:
         """Append an event; with a publisher-given id ``source`` already kept, the first's body."""
         first = None
+        # Retention and the dedupe window count from when the log stored the
+        # event, never from its created_at: a replayed old event is delivered.
+        now = time.time()
         with write(conn):
-            stored = conn.execute(_PUBLISH, (topic, body, created, source)).rowcount
+            stored = conn.execute(_PUBLISH, (topic, body, now, source)).rowcount
             if not stored and source is not None:
                 row = conn.execute(_FIRST_EVENT, (topic, source)).fetchone()
                 first = None if row is None else row[0]
-            now = time.time()
             if now >= self.next_prune:
                 self.prune(conn, now)
         if stored:
@@ -185,18 +187,31 @@ class EventLog:
                     continue
                 conn.execute(_TAKE_CLAIM, (attempt + 1, visible, self.consumer, gid, event_id))
                 claimed.append((event_id, attempt + 1, body))
-            room = _BATCH - len(claimed)
-            if room > 0:
-                fresh = conn.execute(_FRESH_EVENTS, (topic, cursor, room)).fetchall()
-                if fresh:
-                    conn.executemany(
-                        _NEW_CLAIM,
-                        [(gid, event_id, visible, self.consumer) for event_id, _ in fresh],
-                    )
-                    cursor = fresh[-1][0]
-                    conn.execute(_ADVANCE_GROUP, (cursor, gid))
-                    claimed.extend((event_id, 1, body) for event_id, body in fresh)
+            if len(claimed) < _BATCH:
+                cursor = self._claim_fresh(conn, gid, topic, cursor, visible, claimed)
         return claimed, cursor, dropped
+
+    def _claim_fresh(
+        self,
+        conn: sqlite3.Connection,
+        gid: int,
+        topic: bytes,
+        cursor: int,
+        visible: float,
+        claimed: list[tuple[int, int, str]],
+    ) -> int:
+        """Claim events after ``cursor`` up to a full batch (added to ``claimed``); the new cursor."""
+        room = _BATCH - len(claimed)
+        fresh = conn.execute(_FRESH_EVENTS, (topic, cursor, room)).fetchall()
+        if not fresh:
+            return cursor
+        conn.executemany(
+            _NEW_CLAIM, [(gid, event_id, visible, self.consumer) for event_id, _ in fresh]
+        )
+        cursor = fresh[-1][0]
+        conn.execute(_ADVANCE_GROUP, (cursor, gid))
+        claimed.extend((event_id, 1, body) for event_id, body in fresh)
+        return cursor
 
     def _fence_holds(
         self, conn: sqlite3.Connection, fence: tuple[list[bytes], list[bytes]]
@@ -348,11 +363,8 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
     # -- the contract -----------------------------------------------------------------
 
     async def _append(self, topic: str, event: Event, given: bool) -> str | None:
-        assert event.created_at is not None
         source = event.id if given else None
-        return await self._run(
-            self._log.publish, topic.encode(), event.to_json(), event.created_at, source
-        )
+        return await self._run(self._log.publish, topic.encode(), event.to_json(), source)
 
     async def _join(self, topic: str, group: str | None) -> _Group:
         # Listening first: a publish committed after the reads below rings this instance.
