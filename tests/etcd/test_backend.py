@@ -73,17 +73,18 @@ async def test_a_key_the_owner_forgot_is_deleted_by_etcd_after_its_clean_up_leas
 ) -> None:
     # 300 ms asked: the clean-up lease is 2·⌈0.3⌉ + 1 = 3 s (the server may raise
     # it to its minimum); the record is free at once after 300 ms, and gone
-    # from etcd once its clean-up lease ends.
+    # from etcd once its clean-up lease ends (nobody reads it through get_lease
+    # here, which would delete a lapsed record itself).
     granted = await backend.acquire_lease("k", "alice", 300)
     assert granted.acquired
     await asyncio.sleep(0.4)
-    assert await backend.get_lease("k") is None
     name = f"tenure-test-{unique}/k".encode()
     assert await backend._keys.get("test", name) is not None  # still stored, treated as free
     deadline = asyncio.get_running_loop().time() + 8
     while await backend._keys.get("test", name) is not None:
         assert asyncio.get_running_loop().time() < deadline, "etcd kept the forgotten key"
         await asyncio.sleep(0.2)
+    assert await backend.get_lease("k") is None
 
 
 @pytest.mark.asyncio
@@ -157,3 +158,28 @@ async def test_doctor_warns_of_a_single_member_and_of_members_missing_from_the_u
     async with EtcdLeases.from_url(shared_etcd().url) as single:
         alone = {f.check: f for f in await single.diagnose()}
     assert alone["members"].level == "warn" and "1 voting member" in alone["members"].detail
+
+
+@pytest.mark.asyncio
+async def test_a_read_that_calls_a_lapsed_lease_free_stops_a_late_renew_reviving_it(
+    unique: str,
+) -> None:
+    """A renew decided before its lease's deadline can reach etcd after it (a slow
+    call, a leader election): if a reader called the key free in between, the
+    renew must fail, or the lease lives again after it was seen expired (a P2
+    violation the faulty-cluster safety run found). The reader's clock, 60 s
+    ahead, stands for the time that passes while the holder's renew is on its way."""
+    url = f"{shared_etcd().url}?prefix=tenure-test-{unique}/"
+    async with (
+        tenure.from_url(url) as holder,
+        tenure.from_url(url, clock=lambda: time.time() + 60.0) as later,
+    ):
+        assert (await holder.acquire_lease("k", "holder", 30_000)).acquired
+        assert await later.get_lease("k") is None
+        assert await holder.renew_lease("k", "holder", 30_000) is False
+        assert await holder.get_lease("k") is None
+        # A live lease is read without a write: nothing changes for its holder.
+        assert (await holder.acquire_lease("k", "holder", 30_000)).acquired
+        record = await holder.get_lease("k")
+        assert record is not None and record.owner == "holder"
+        assert await holder.renew_lease("k", "holder", 30_000)

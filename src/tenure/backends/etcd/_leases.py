@@ -80,7 +80,11 @@ class EtcdLeases(LeaseCore):
     before the deadline), so etcd deletes a lease its owner forgot at most
     that long after its deadline, plus up to one election timeout per leader
     change (a new leader restarts the countdown); until then the stored
-    record is only a record, which every reader treats as free.
+    record is only a record, which every reader treats as free. A
+    ``get_lease`` that finds such a record deletes it (compared on its
+    revision) before it answers "free", so a renew or transfer its holder
+    decided before the deadline but that reaches etcd after it fails,
+    rather than reviving a lease a reader has already seen end.
 
     **Compaction.** Every renewal is a write, and etcd keeps old revisions
     until they are compacted: run etcd with ``--auto-compaction-retention``
@@ -200,14 +204,23 @@ class EtcdLeases(LeaseCore):
         return AcquireResult(True, owner, write.kept_token(revision))
 
     async def _read(self, key: str) -> LeaseRecord | None:
-        seen = await self._keys.get("get_lease", self._name(key))
-        lease = None if seen is None else decode(seen)
-        if lease is None:
-            return None
-        left = lease.deadline_ms - self._keys.now_ms()
-        if left <= 0:
-            return None
-        return LeaseRecord(lease.owner, lease.token, left)
+        name = self._name(key)
+
+        def decide(lease: Lease | None, now: int) -> tuple[Any, LeaseRecord | None]:
+            if lease is None:
+                return None, None
+            if lease.deadline_ms > now:
+                return None, LeaseRecord(lease.owner, lease.token, lease.deadline_ms - now)
+            # A lapsed record is deleted before it is reported free: a renew or
+            # transfer decided before the deadline but arriving after it then
+            # fails its compare, instead of reviving a lease this read called free.
+            return delete(name), None
+
+        seen = await self._keys.get("get_lease", name)
+        applied = await self._keys.change("get_lease", name, decide, guess=seen, guessed=False)
+        if applied.action is not None:
+            self._keys.remember(name, None)
+        return applied.result
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         ttl = self._args(key, owner, ttl_ms)
