@@ -14,7 +14,7 @@ from urllib.parse import quote
 import pytest
 
 import tenure
-from tenure._doctor import EXIT_UNAVAILABLE, Finding
+from tenure._doctor import EXIT_UNAVAILABLE, Finding, clock_finding
 from tenure.backends.sqlite import _doctor as sqlite_doctor
 
 from .support.redis_server import RedisServer
@@ -169,3 +169,19 @@ def test_an_unreachable_backend_exits_69() -> None:
     done = _doctor("redis://:hunter2-secret@127.0.0.1:1/0")
     assert done.returncode == EXIT_UNAVAILABLE
     assert "hunter2-secret" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("skew_s", "shown", "level"),
+    [
+        (-0.0004, "+0 ms", "ok"),
+        (0.0004, "+0 ms", "ok"),
+        (-0.012, "-12 ms", "ok"),
+        (2.5, "+2500 ms", "warn"),
+    ],
+)
+def test_a_clock_skew_reads_as_a_signed_whole_number_of_ms_never_minus_zero(
+    skew_s: float, shown: str, level: str
+) -> None:
+    found = clock_finding(skew_s)
+    assert f"is {shown} from" in found.detail and found.level == level

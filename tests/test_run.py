@@ -21,6 +21,7 @@ from safety.proxy import Proxy
 from tenure._run import EXIT_BUSY, EXIT_LOST, EXIT_UNAVAILABLE
 
 from .conftest import TARGETS
+from .support.redis_server import RedisServer
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 
@@ -137,8 +138,27 @@ async def test_a_busy_key_exits_73_naming_the_holder(
     proc = await _start("job", "--", sys.executable, "-c", "print('ran')", url=url)
     code, err = await _finish(proc)
     assert code == EXIT_BUSY
-    assert "'someone-else'" in err
+    assert "'someone-else'" in err and "refused: held" in err
     assert "ran" not in err  # the command did not run
+
+
+@pytest.mark.asyncio
+async def test_a_quarantined_redis_exits_73_saying_why_and_for_how_long() -> None:
+    """A fresh Redis without appendfsync always refuses grants for max_ttl_ms: the
+    refusal names the quarantine, not a holder nobody can find."""
+    with RedisServer() as server:
+        proc = await _start(
+            "job",
+            "--",
+            sys.executable,
+            "-c",
+            "print('the-command-ran')",
+            url=f"{server.url}?max_ttl_ms=30000",
+        )
+        code, err = await _finish(proc)
+    assert code == EXIT_BUSY, err
+    assert "refused: quarantine" in err and "refuses new grants for" in err
+    assert "the-command-ran" not in err
 
 
 @pytest.mark.asyncio

@@ -47,6 +47,19 @@ def unsafe(check: str, detail: str, fix: str) -> Finding:
     return Finding("unsafe", check, detail, fix)
 
 
+_SKEW_WARN_S = 1.0
+
+
+def clock_finding(skew_s: float, *, why: str = "") -> Finding:
+    """The finding for a server clock ``skew_s`` seconds from this host's: a warning
+    past a second, with ``why`` it matters on this backend."""
+    # z: a skew that rounds to zero prints as +0, never -0.
+    text = f"the server's clock is {skew_s * 1000:+z.0f} ms from this host's"
+    if abs(skew_s) > _SKEW_WARN_S:
+        return warn("clock", text + why, "run NTP on both hosts")
+    return ok("clock", text)
+
+
 def parse_info(text: bytes | str) -> dict[str, str]:
     """The ``field:value`` lines of a Redis ``INFO`` reply."""
     raw = text.decode() if isinstance(text, bytes) else text

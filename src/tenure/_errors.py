@@ -46,6 +46,8 @@ class LeaseUnavailable(TenureError):
     key. ``retry_after_ms`` is set when the backend refused every new grant for
     a while (a Redis quarantine after it may have lost leases; see
     :attr:`AcquireResult.retry_after_ms`); the message then says so.
+    ``reason`` is the refusal's :attr:`AcquireResult.reason` (``"held"``,
+    ``"quarantine"``), ``None`` when it is not known.
     """
 
     def __init__(
@@ -55,10 +57,12 @@ class LeaseUnavailable(TenureError):
         message: str | None = None,
         *,
         retry_after_ms: int | None = None,
+        reason: str | None = None,
     ) -> None:
         self.key = key
         self.holder = holder
         self.retry_after_ms = retry_after_ms
+        self.reason = reason
         super().__init__(message or unavailable_message(key, holder, retry_after_ms))
 
 

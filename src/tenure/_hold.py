@@ -95,6 +95,7 @@ async def _acquire_wait(
                 holder,
                 f"{why}; gave up after waiting {timeout:g} s",
                 retry_after_ms=result.retry_after_ms,
+                reason=result.reason,
             )
         record: LeaseRecord | None = await get_lease(key) if get_lease is not None else None
         if record is not None:
@@ -497,7 +498,10 @@ class _Hold:
             result = await self._provider.acquire_lease(self._key, self._owner, self._ttl_ms)
             if not result.acquired:
                 raise LeaseUnavailable(
-                    self._key, result.owner, retry_after_ms=result.retry_after_ms
+                    self._key,
+                    result.owner,
+                    retry_after_ms=result.retry_after_ms,
+                    reason=result.reason,
                 )
         else:
             result, sent = await _acquire_wait(

@@ -102,12 +102,8 @@ async def _run(settings: RunSettings) -> int:
                     cancel_on_loss=False,
                 ).start()
             except LeaseUnavailable as exc:
-                if exc.holder is None:
-                    _say(
-                        f"{settings.key!r} is not available (no holder: the backend refuses grants)"
-                    )
-                else:
-                    _say(f"{settings.key!r} is held by {exc.holder!r}")
+                # The message says why: the holder, or the backend's refusal and for how long.
+                _say(f"{exc} (refused: {exc.reason or 'unknown reason'})")
                 return EXIT_BUSY
             try:
                 return await _supervise(settings, lease)

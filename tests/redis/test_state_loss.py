@@ -194,6 +194,7 @@ async def test_a_new_server_says_why_it_refuses(
         async with tenure.hold(backend, "invoice-7", "worker-a", ttl_ms=1000, wait=0):
             pass
     assert held.value.holder is None and held.value.retry_after_ms is not None
+    assert held.value.reason == "quarantine"
     with pytest.raises(LeaseUnavailable, match=r"quarantine.*gave up after waiting 0\.2 s"):
         await tenure.acquire_wait(backend, "invoice-7", "worker-a", 1000, timeout=0.2)
     # Waiting longer than the quarantine gets the lease.

@@ -12,12 +12,11 @@ from typing import Any
 
 import psycopg
 
-from ..._doctor import Finding, ok, unsafe, warn
+from ..._doctor import Finding, clock_finding, ok, unsafe, warn
 from ._connection import PgConnection
 
 __all__ = ["diagnose"]
 
-_SKEW_WARN_S = 1.0
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -112,11 +111,7 @@ async def _pooling(conn: Conn) -> Finding:
 async def _clock(conn: Conn) -> Finding:
     sent = time.time()
     server = float(await _one(conn, "SELECT extract(epoch FROM clock_timestamp())"))
-    skew = server - (sent + time.time()) / 2
-    text = f"the server's clock is {skew * 1000:+.0f} ms from this host's"
-    if abs(skew) > _SKEW_WARN_S:
-        return warn("clock", text, "run NTP on both hosts")
-    return ok("clock", text)
+    return clock_finding(server - (sent + time.time()) / 2)
 
 
 _CHECKS: tuple[Callable[[Conn], Awaitable[Finding]], ...] = (

@@ -6,12 +6,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..._doctor import Finding, ok, parse_info, unsafe, warn
+from ..._doctor import Finding, clock_finding, ok, parse_info, unsafe, warn
 from ..._errors import BackendUnavailable
 
 __all__ = ["diagnose"]
-
-_SKEW_WARN_S = 1.0
 
 
 async def diagnose(
@@ -134,11 +132,6 @@ def _replication(info: dict[str, str]) -> Finding:
 
 
 def _clock(skew_s: float) -> Finding:
-    text = f"the server's clock is {skew_s * 1000:+.0f} ms from this host's"
-    if abs(skew_s) > _SKEW_WARN_S:
-        return warn(
-            "clock",
-            text + " (leases run on the server's clock; fencing tokens come from it)",
-            "run NTP on both hosts",
-        )
-    return ok("clock", text)
+    return clock_finding(
+        skew_s, why=" (leases run on the server's clock; fencing tokens come from it)"
+    )
