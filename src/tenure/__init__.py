@@ -23,9 +23,11 @@ from ._errors import (
     BackendClosed,
     BackendUnavailable,
     ConfigurationError,
+    Fenced,
     InvalidArgument,
     LeaseLost,
     LeaseUnavailable,
+    OutputTruncated,
     TenureError,
 )
 from ._hold import HeldLease, acquire_wait, hold, renew_many
@@ -46,6 +48,7 @@ __all__ = [
     "ConfigurationError",
     "Event",
     "EventBackend",
+    "Fenced",
     "HeldLease",
     "InvalidArgument",
     "LeaseFence",
@@ -55,6 +58,7 @@ __all__ = [
     "LeaseUnavailable",
     "MemoryPubSub",
     "NoopLeaseProvider",
+    "OutputTruncated",
     "PubSub",
     "RuntimeEvent",
     "SendResult",

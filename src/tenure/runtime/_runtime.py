@@ -114,11 +114,13 @@ raises on a signal gets it again at most the backend's ``max_attempts`` times.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+from collections.abc import AsyncIterator
 from typing import Any, Self
 
 from .._contract import Backend, LeaseProvider
-from .._errors import BackendClosed, InvalidArgument
+from .._errors import BackendClosed, ConfigurationError, InvalidArgument
 from .._lifecycle import AsyncCloseable
 from .._validate import check_name
 from ._context import Settings
@@ -126,6 +128,7 @@ from ._locks import KeyLocks
 from ._log import CLOSE_MARKER, GROUP, SIGNAL_TYPE, EventSource, log_for, provider_for
 from ._names import ThreadNames
 from ._observe import Observer
+from ._output import OutputItem, Outputs, Retention, store_for
 from ._policies import rule_for
 from ._run import Handler, ThreadRun
 from ._sending import Sender
@@ -183,6 +186,7 @@ class ThreadRuntime(AsyncCloseable):
         cancel_on_loss: bool = True,
         policy: Policy = "enqueue",
         namespace: str = "tenure.thread",
+        output: Retention | bool = False,
     ) -> None:
         if not callable(handler):
             raise InvalidArgument(f"handler must be callable, got {type(handler).__name__}")
@@ -206,6 +210,15 @@ class ThreadRuntime(AsyncCloseable):
         self.process_id, self.namespace = settings.process_id, self.names.namespace
         self.provider = provider
         self.log, self._owns_log = log_for(backend, provider, self)
+        self._outputs: Outputs | None = None
+        if output is not False:
+            retention = Retention() if output is True else output
+            if not isinstance(retention, Retention):
+                raise InvalidArgument(f"output must be a bool or a Retention, got {output!r}")
+            self._outputs = Outputs(
+                store_for(backend, provider), self.names.name, retention, settings.process_id
+            )
+            handler = self._outputs.wrap(handler)
         observer = Observer(settings.process_id, on_event)
         self._locks = KeyLocks()
         self._sessions = Sessions(
@@ -256,6 +269,8 @@ class ThreadRuntime(AsyncCloseable):
             self._sweep_task.cancel()
             await asyncio.gather(self._sweep_task, return_exceptions=True)
         await self._sessions.close()
+        if self._outputs is not None:
+            await self._outputs.store.aclose()
         if self._owns_log:
             await self.log.aclose()
 
@@ -317,4 +332,48 @@ class ThreadRuntime(AsyncCloseable):
             raise InvalidArgument(f"payload must be JSON-serialisable: {exc}") from None
         if self._sweep_task is None or self.closed:
             await self.start()  # raises BackendClosed after aclose()
-        return await self._sender.send(thread_key, payload, signal_id)
+        if self._outputs is None:
+            return await self._sender.send(thread_key, payload, signal_id)
+        after = await self._outputs.head(thread_key)
+        result = await self._sender.send(thread_key, payload, signal_id)
+        return dataclasses.replace(result, output_after=after)
+
+    # -- replies ----------------------------------------------------------------
+
+    def _replies(self) -> Outputs:
+        if self._outputs is None:
+            raise ConfigurationError(
+                "this runtime keeps no output: ThreadRuntime(..., output=True)"
+            )
+        return self._outputs
+
+    def follow(self, thread_key: str, *, after: int = 0) -> AsyncIterator[OutputItem]:
+        """Every item of ``thread_key``'s output after position ``after``, in order, as it comes.
+
+        Never ends by itself. Resume with the last position seen: each item is
+        read exactly once, also across a takeover. Raises
+        :class:`~tenure.OutputTruncated` when retention dropped items after
+        ``after``.
+        """
+        self.names.name(thread_key)
+        return self._replies().follow(thread_key, after)
+
+    def reply(self, result: SendResult, *, after: int | None = None) -> AsyncIterator[OutputItem]:
+        """The output items answering ``result``'s signal, ending when its reply is complete.
+
+        Complete: the signal was finished (``signal_finished``) or its run was
+        interrupted. A run cut off mid-reply shows as a ``run_lost`` item; the
+        next run's reply to the same signal follows. ``after`` resumes (the last
+        position seen).
+        """
+        return self._replies().reply(result, after)
+
+    async def wait_reply(
+        self, result: SendResult, *, timeout: float | None = None
+    ) -> list[OutputItem]:
+        """All of :meth:`reply` at once; ``TimeoutError`` after ``timeout`` seconds."""
+
+        async def collect() -> list[OutputItem]:
+            return [item async for item in self.reply(result)]
+
+        return await asyncio.wait_for(collect(), timeout)
