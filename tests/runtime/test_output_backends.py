@@ -1,4 +1,4 @@
-"""Replies on the backends that share a thread's output between processes (SQLite, Redis).
+"""Replies on the backends that share a thread's output between processes.
 
 Two backend objects on one URL stand for two processes here (the owner and a
 reader); ``test_output_processes.py`` uses real ones.
@@ -18,7 +18,7 @@ from tenure.runtime import OutputItem, Retention, ThreadRun, ThreadRuntime
 
 from ..conftest import TARGETS
 
-OUTPUT_BACKENDS = ["sqlite", "redis"]
+OUTPUT_BACKENDS = ["sqlite", "redis", "postgres"]
 
 
 @pytest.fixture(params=OUTPUT_BACKENDS)

@@ -211,9 +211,15 @@ def store_for(backend: object, provider: object) -> OutputStore:
 
         if isinstance(backend, RedisStreamsPubSub):
             return RedisOutput(backend)
+    if provider is backend and module.startswith("tenure.backends.postgres"):
+        from ..backends.postgres import PostgresPubSub
+        from ..backends.postgres._output import PostgresOutput
+
+        if isinstance(backend, PostgresPubSub):
+            return PostgresOutput(backend)
     raise ConfigurationError(
         f"{type(backend).__name__} cannot keep thread output: replies need a backend that "
-        "carries events and holds the leases itself (memory, SQLite, Redis)"
+        "carries events and holds the leases itself (memory, SQLite, Redis, PostgreSQL)"
     )
 
 
