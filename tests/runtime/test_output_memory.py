@@ -176,3 +176,36 @@ async def test_bytes_round_trip(backend: MemoryPubSub) -> None:
     async with ThreadRuntime(backend, raw, output=True, idle_timeout=0.05) as rt:
         items = await rt.wait_reply(await rt.send_signal("t1", "x"), timeout=10)
     assert [i.data for i in items if i.kind == "audio"] == [b"\x00\xff"]
+
+
+@pytest.mark.asyncio
+async def test_cancel_stops_the_named_run_only(backend: MemoryPubSub) -> None:
+    async def endless(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            for i in range(signal.payload):
+                await run.append(i)
+                await asyncio.sleep(0.01)
+
+    async with (
+        ThreadRuntime(backend, endless, output=True, idle_timeout=0.05) as owner,
+        ThreadRuntime(backend, endless, output=True, idle_timeout=0.05) as other,
+    ):
+        sent = await owner.send_signal("t1", 1_000_000)
+        async for item in other.reply(sent):
+            if item.kind == "token":
+                break
+        assert await other.cancel("t1") == sent.run_id
+        items = await other.wait_reply(sent, timeout=10)
+        assert [i.kind for i in items][-2:] == ["cancel", "run_ended"]
+        assert items[-1].data == {"end": "interrupted"}
+        assert items[-2].data == {"by": other.process_id}
+        # Late: it names the first run, while a later one runs.
+        again = await owner.send_signal("t1", 20)
+        async for item in other.reply(again):
+            assert item.run_id != sent.run_id
+            break
+        assert await other.cancel("t1", run_id=sent.run_id) == sent.run_id
+        done = await other.wait_reply(again, timeout=10)
+        assert [i.kind for i in done][-1] == "signal_finished"
+        assert sum(1 for i in done if i.kind == "token") == 20
+        assert await other.cancel("nobody") is None

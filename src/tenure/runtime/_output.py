@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -24,7 +25,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._errors import ConfigurationError, Fenced, InvalidArgument, OutputTruncated
+from .._errors import ConfigurationError, Fenced, InvalidArgument, OutputTruncated, TenureError
+from .._pubsub import Event
+from ._log import EventSource
 
 if TYPE_CHECKING:
     from ._run import Handler, ThreadRun
@@ -52,6 +55,9 @@ logger = logging.getLogger("tenure.runtime")
 LIFECYCLE = frozenset(
     {"run_started", "signal_taken", "signal_finished", "run_ended", "run_lost", "cancel"}
 )
+
+#: A cancel request, on a thread's cancel topic (``{"run_id": ..., "by": ...}``).
+CANCEL = "tenure.runtime.cancel"
 
 #: Ends after which a signal is not run again: its reply is complete.
 _FINAL_ENDS = frozenset({"interrupted"})
@@ -310,10 +316,14 @@ class Outputs:
         stream_of: Callable[[str], str],
         retention: Retention,
         process_id: str,
+        log: EventSource,
+        cancel_topic: Callable[[str], str],
         poll: float = 1.0,
     ) -> None:
         self.store = store
         self.stream_of = stream_of
+        self.log = log
+        self.cancel_topic = cancel_topic
         self.retention = retention
         self.process_id = process_id
         self.poll = poll  # seconds between looks when no wake-up came (a lost one)
@@ -330,12 +340,28 @@ class Outputs:
             )
             run.output = out
             await out.start(run.thread_key, self.process_id)
+            task = asyncio.current_task()
+            requests: list[Any] = []
+
+            async def on_cancel(event: Event) -> None:
+                data = event.data if isinstance(event.data, dict) else {}
+                if data.get("run_id") != run.run_id or task is None or run.interrupted:
+                    return  # meant for another run of the thread: never a later one
+                requests.append(data.get("by"))
+                run.interrupted = True
+                task.cancel()
+
+            topic = self.cancel_topic(run.thread_key)
+            await self.log.subscribe(topic, on_cancel)
             end = "ok"
             try:
                 await handler(run)
             except asyncio.CancelledError:
                 end = "lost" if run.lost.is_set() else "interrupted" if run.interrupted else ""
                 if end == "interrupted":
+                    if requests:
+                        with contextlib.suppress(TenureError):
+                            await out.write([("cancel", {"by": requests[0]}, current_signal(run))])
                     await self._close(out, end, current_signal(run))
                 raise
             except Exception:
@@ -344,6 +370,8 @@ class Outputs:
             finally:
                 if end in ("ok", "failed"):
                     await self._close(out, end, current_signal(run))
+                with contextlib.suppress(TenureError):
+                    await self.log.unsubscribe(topic, on_cancel)
 
         return with_output
 
@@ -373,6 +401,12 @@ class Outputs:
                 yield decode(thread_key, position, body)
             if not rows:
                 await self.store.wait(stream, after, self.poll)
+
+    async def cancel(self, thread_key: str, run_id: str, by: str) -> None:
+        """Ask run ``run_id`` of ``thread_key``, wherever it runs, to stop (an interrupt)."""
+        await self.log.publish(
+            self.cancel_topic(thread_key), Event(CANCEL, {"run_id": run_id, "by": by})
+        )
 
     async def head(self, thread_key: str) -> int:
         head, _ = await self.store.read(self.stream_of(thread_key), 0, 0)

@@ -124,6 +124,7 @@ from .._errors import BackendClosed, ConfigurationError, InvalidArgument
 from .._lifecycle import AsyncCloseable
 from .._validate import check_name
 from ._context import Settings
+from ._identity import run_of
 from ._locks import KeyLocks
 from ._log import CLOSE_MARKER, GROUP, SIGNAL_TYPE, EventSource, log_for, provider_for
 from ._names import ThreadNames
@@ -216,7 +217,12 @@ class ThreadRuntime(AsyncCloseable):
             if not isinstance(retention, Retention):
                 raise InvalidArgument(f"output must be a bool or a Retention, got {output!r}")
             self._outputs = Outputs(
-                store_for(backend, provider), self.names.name, retention, settings.process_id
+                store_for(backend, provider),
+                self.names.name,
+                retention,
+                settings.process_id,
+                self.log,
+                self.names.cancel,
             )
             handler = self._outputs.wrap(handler)
         observer = Observer(settings.process_id, on_event)
@@ -367,6 +373,27 @@ class ThreadRuntime(AsyncCloseable):
         position seen).
         """
         return self._replies().reply(result, after)
+
+    async def cancel(self, thread_key: str, *, run_id: str | None = None) -> str | None:
+        """Stop the run of ``thread_key``, wherever it runs; the id of the run asked, or ``None``.
+
+        The run sees it as an interrupt (``run.interrupted``, its handler
+        cancelled): the signal it was handling counts as handled, and its output
+        says so (``cancel``, then ``run_ended`` with ``end="interrupted"``), which
+        completes that signal's reply. A cancel names one run: ``run_id``, or the
+        run holding the thread's lease now (``None`` when there is none). It
+        never stops another run, so a cancel that arrives late does nothing. It
+        is carried by the backend's fan-out events to the owner's run: a run
+        that has not subscribed yet (it just started) does not see it.
+        """
+        self.names.name(thread_key)
+        if run_id is None:
+            run_id = run_of(await self.provider.get_lease_owner(self.names.name(thread_key)))
+            if run_id is None:
+                return None
+        check_name(run_id, "run_id")
+        await self._replies().cancel(thread_key, run_id, self.process_id)
+        return run_id
 
     async def wait_reply(
         self, result: SendResult, *, timeout: float | None = None
