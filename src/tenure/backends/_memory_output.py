@@ -77,10 +77,10 @@ class MemoryOutput:
                 rows.append((position, body))
         return s.head, rows
 
-    async def wait(self, stream: str, after: int, timeout: float) -> None:
+    async def wait(self, stream: str, after: int, timeout: float) -> list[tuple[int, str]]:
         s = self._streams.setdefault(stream, _Stream())
         if s.head > after:
-            return
+            return []
         waiter = asyncio.get_running_loop().create_future()
         s.waiters.append(waiter)
         try:
@@ -90,6 +90,7 @@ class MemoryOutput:
         finally:
             if waiter in s.waiters:
                 s.waiters.remove(waiter)
+        return []
 
     async def aclose(self) -> None:
         pass

@@ -130,8 +130,9 @@ class OutputStore(Protocol):
         """The stream's last position, and up to ``limit`` kept items after ``after``."""
         ...
 
-    async def wait(self, stream: str, after: int, timeout: float) -> None:
-        """Return when an item after ``after`` may exist, or after ``timeout`` seconds."""
+    async def wait(self, stream: str, after: int, timeout: float) -> list[tuple[int, str]]:
+        """Return when an item after ``after`` may exist, or after ``timeout`` seconds;
+        with the items after ``after`` when the wait itself read them (else ``[]``)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -399,8 +400,16 @@ class Outputs:
             for position, body in rows:
                 after = position
                 yield decode(thread_key, position, body)
-            if not rows:
-                await self.store.wait(stream, after, self.poll)
+            while not rows:
+                # A wait that read what it waited for (a blocking XREAD) saves a read;
+                # anything else (a timeout, a gap: maybe truncated) goes back to read.
+                rows = await self.store.wait(stream, after, self.poll)
+                if not rows or rows[0][0] != after + 1:
+                    break
+                for position, body in rows:
+                    after = position
+                    yield decode(thread_key, position, body)
+                rows = []
 
     async def cancel(self, thread_key: str, run_id: str, by: str) -> None:
         """Ask run ``run_id`` of ``thread_key``, wherever it runs, to stop (an interrupt)."""

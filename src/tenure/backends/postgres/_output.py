@@ -136,7 +136,7 @@ class PostgresOutput:
         head = int(rows[0][0]) if rows else 0
         return head, [(int(p), str(b)) for _, p, b in rows if p is not None]
 
-    async def wait(self, stream: str, after: int, timeout: float) -> None:
+    async def wait(self, stream: str, after: int, timeout: float) -> list[tuple[int, str]]:
         await self._backend._conn.listen("output wait")
         key = stream.encode()
         waiter = asyncio.get_running_loop().create_future()
@@ -154,6 +154,7 @@ class PostgresOutput:
                 waiters.remove(waiter)
             if not waiters:
                 self._readers.waiters.pop(key, None)
+        return []
 
     async def aclose(self) -> None:
         pass

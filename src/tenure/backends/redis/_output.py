@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._errors import Fenced
 from ._connection import load_script
+from ._reading import _entries
 
 if TYPE_CHECKING:
     from ...runtime._output import Retention, WriteFence
@@ -33,17 +34,26 @@ class RedisOutput:
 
     def __init__(self, backend: RedisStreamsPubSub) -> None:
         self._backend = backend
+        self._keys: dict[str, tuple[bytes, bytes]] = {}  # the last streams' (lease, output) keys
+
+    def _keys_of(self, stream: str) -> tuple[bytes, bytes]:
+        keys = self._keys.get(stream)
+        if keys is None:
+            if len(self._keys) >= 1024:
+                self._keys.clear()
+            lease, _ = self._backend._lease_key(stream)
+            keys = self._keys[stream] = (lease, lease[: -len(b"lease")] + b"output")
+        return keys
 
     def _key(self, stream: str) -> bytes:
-        lease, _ = self._backend._lease_key(stream)
-        return lease[: -len(b"lease")] + b"output"
+        return self._keys_of(stream)[1]
 
     async def append(
         self, stream: str, fence: WriteFence, bodies: Sequence[str], retention: Retention
     ) -> int:
         backend = self._backend
         backend._check_open()
-        lease, _ = backend._lease_key(fence.lease_key)
+        lease, output = self._keys_of(fence.lease_key)[0], self._keys_of(stream)[1]
         args = [
             fence.owner.encode(),
             str(fence.token).encode(),
@@ -51,7 +61,7 @@ class RedisOutput:
             int(retention.max_age * 1000),
             *(b.encode() for b in bodies),
         ]
-        last = int(await backend._eval(_APPEND, (lease, self._key(stream)), args))
+        last = int(await backend._eval(_APPEND, (lease, output), args))
         if last < 0:
             raise Fenced(fence.lease_key, fence.owner, "the lease is no longer this writer's")
         return last
@@ -67,16 +77,17 @@ class RedisOutput:
         entries = await backend._call("XRANGE", key, f"(0-{after}", "+", "COUNT", limit)
         return head, [(_position(i), _body(fields)) for i, fields in entries]
 
-    async def wait(self, stream: str, after: int, timeout: float) -> None:
+    async def wait(self, stream: str, after: int, timeout: float) -> list[tuple[int, str]]:
         backend = self._backend
         backend._check_open()
-        await backend._io(
+        reply = await backend._io(
             backend._client.xread,
             {self._key(stream): f"0-{after}"},
-            count=1,
+            count=256,
             block=max(1, int(timeout * 1000)),
             blocking=True,
         )
+        return [(_position(i), _body(fields)) for i, fields in _entries(reply)]
 
     async def aclose(self) -> None:
         pass

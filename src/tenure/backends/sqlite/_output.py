@@ -108,7 +108,7 @@ class SqliteOutput:
         self._backend._check_open()
         return await self._backend._run(self._read, stream.encode(), after, limit)
 
-    async def wait(self, stream: str, after: int, timeout: float) -> None:
+    async def wait(self, stream: str, after: int, timeout: float) -> list[tuple[int, str]]:
         self._channel.listen(self._woken)
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(stream, []).append(waiter)
@@ -125,6 +125,7 @@ class SqliteOutput:
                 waiters.remove(waiter)
             if not waiters:
                 self._waiters.pop(stream, None)
+        return []
 
     def _woken(self, messages: list[bytes]) -> None:
         for message in messages:

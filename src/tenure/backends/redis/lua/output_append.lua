@@ -20,11 +20,13 @@ for i = 5, #ARGV do
   id = redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[3], '0-*', 'at', now, 'b', ARGV[i])
 end
 local cut = now - tonumber(ARGV[4])
-local old = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 64)
-for j = 1, #old - 1 do
-  if tonumber(old[j][2][2]) >= cut then
+-- Age: the oldest entries first, one at a time (usually one XRANGE that finds
+-- nothing to drop), never the newest.
+while true do
+  local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
+  if oldest[1] == id or tonumber(oldest[2][2]) >= cut then
     break
   end
-  redis.call('XDEL', KEYS[2], old[j][1])
+  redis.call('XDEL', KEYS[2], oldest[1])
 end
 return tonumber(string.sub(id, 3))
