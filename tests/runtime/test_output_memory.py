@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from tenure import ConfigurationError, Fenced, InvalidArgument, MemoryPubSub, OutputTruncated
-from tenure.runtime import OutputItem, Retention, ThreadRun, ThreadRuntime
+from tenure.runtime import OutputItem, Retention, SendResult, ThreadRun, ThreadRuntime
 
 
 @pytest_asyncio.fixture
@@ -209,3 +209,33 @@ async def test_cancel_stops_the_named_run_only(backend: MemoryPubSub) -> None:
         assert [i.kind for i in done][-1] == "signal_finished"
         assert sum(1 for i in done if i.kind == "token") == 20
         assert await other.cancel("nobody") is None
+
+
+@pytest.mark.asyncio
+async def test_an_interrupted_signal_has_a_complete_reply(backend: MemoryPubSub) -> None:
+    async def endless(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            for i in range(signal.payload):
+                await run.append(i)
+                await asyncio.sleep(0.01)
+
+    async with ThreadRuntime(
+        backend, endless, output=True, idle_timeout=0.05, policy="interrupt"
+    ) as rt:
+        first = await rt.send_signal("t1", 1_000_000)
+        async for item in rt.reply(first):
+            if item.kind == "token":
+                break
+        second = await rt.send_signal("t1", 3)
+        cut = await rt.wait_reply(first, timeout=10)
+        assert cut[-1].kind == "run_ended" and cut[-1].data == {"end": "interrupted"}
+        done = await rt.wait_reply(second, timeout=10)
+        assert [i.kind for i in done][-1] == "signal_finished"
+
+
+@pytest.mark.asyncio
+async def test_a_rejected_signal_has_no_reply(backend: MemoryPubSub) -> None:
+    async with ThreadRuntime(backend, echo, output=True, policy="reject") as rt:
+        rejected = SendResult("rejected", None, "s1", "t1", 0)
+        with pytest.raises(InvalidArgument, match="rejected"):
+            rt.reply(rejected)

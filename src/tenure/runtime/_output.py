@@ -421,13 +421,17 @@ class Outputs:
         head, _ = await self.store.read(self.stream_of(thread_key), 0, 0)
         return head
 
-    async def reply(
-        self, result: SendResult, after: int | None = None
-    ) -> AsyncIterator[OutputItem]:
+    def reply(self, result: SendResult, after: int | None = None) -> AsyncIterator[OutputItem]:
         """The items answering ``result``'s signal, until its reply is complete."""
+        if result.outcome == "rejected":
+            raise InvalidArgument("the signal was rejected (nothing was stored): it has no reply")
         start = result.output_after if after is None else after
-        signal = result.signal_id
-        async for item in self.follow(result.thread_key, start or 0):
+        if start is not None:
+            check_after(start)
+        return self._reply(result.thread_key, result.signal_id, start or 0)
+
+    async def _reply(self, thread_key: str, signal: str, after: int) -> AsyncIterator[OutputItem]:
+        async for item in self.follow(thread_key, after):
             if item.signal_id != signal:
                 continue
             yield item
