@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from tenure._history import Sighting, token_clashes
 
-from .evidence import Fault, Stored, Write
+from .evidence import Fault, OutputSeen, Stored, Write
 
 __all__ = [
     "Overlap",
@@ -245,10 +245,20 @@ class ThreadReport:
     takeover_ms: list[float] = field(default_factory=list)
     # The same, without the delays another fault overlapped (see takeover_delays()).
     takeover_isolated_ms: list[float] = field(default_factory=list)
+    # Output items read in a wrong place: a gap or a repeat in positions, or a
+    # stale owner's item after its successor's first (a lower token after a higher).
+    stale_output: list[str] = field(default_factory=list)
+    outputs: int = 0
 
     @property
     def violations(self) -> int:
-        return len(self.lost) + len(self.overlaps) + len(self.reordered) + len(self.misrouted)
+        return (
+            len(self.lost)
+            + len(self.overlaps)
+            + len(self.reordered)
+            + len(self.misrouted)
+            + len(self.stale_output)
+        )
 
     def counts(self) -> dict[str, int]:
         return {
@@ -256,7 +266,7 @@ class ThreadReport:
             "overlaps": len(self.overlaps),
             "order": len(self.reordered),
             "misrouted": len(self.misrouted),
-        }
+        } | ({"stale output": len(self.stale_output)} if self.outputs else {})
 
     def describe(self, limit: int = 5) -> list[str]:
         """One line per violation (at most ``limit`` of each kind)."""
@@ -271,11 +281,37 @@ class ThreadReport:
             f"{w.run_id} of {w.namespace}/{w.thread} ({w.worker})"
             for s, w in self.misrouted[:limit]
         ]
+        lines += self.stale_output[:limit]
         return lines
 
 
+def stale_outputs(items: Iterable[OutputSeen]) -> list[str]:
+    """Per thread, in position order: positions without gaps or repeats, and tokens that
+    never go down (a stale owner's item read after its successor's first would)."""
+    found: list[str] = []
+    by_thread: dict[tuple[str, str], list[OutputSeen]] = defaultdict(list)
+    for item in items:
+        by_thread[item.namespace, item.thread].append(item)
+    for (namespace, thread), seen in by_thread.items():
+        for a, b in itertools.pairwise(seen):
+            if b.position != a.position + 1:
+                found.append(
+                    f"output of {namespace}/{thread}: position {b.position} read after {a.position}"
+                )
+            if a.token is not None and b.token is not None and b.token < a.token:
+                found.append(
+                    f"stale output of {namespace}/{thread}: item {b.position} of run {b.run_id} "
+                    f"(token {b.token}) after item {a.position} of run {a.run_id} "
+                    f"(token {a.token})"
+                )
+    return found
+
+
 def check(
-    stored: Sequence[Stored], writes: Sequence[Write], faults: Sequence[Fault] = ()
+    stored: Sequence[Stored],
+    writes: Sequence[Write],
+    faults: Sequence[Fault] = (),
+    outputs: Sequence[OutputSeen] = (),
 ) -> ThreadReport:
     """Every check on one run's evidence; takeover delays after the ``owner-kill`` faults."""
     kills = [f for f in faults if f.kind == "owner-kill"]
@@ -290,4 +326,6 @@ def check(
         untokened=sum(1 for w in writes if w.token is None),
         takeover_ms=takeover_delays(stored, writes, kills),
         takeover_isolated_ms=takeover_delays(stored, writes, kills, faults),
+        stale_output=stale_outputs(outputs),
+        outputs=len(outputs),
     )

@@ -49,6 +49,7 @@ class WorkerConfig:
     send_gap_ms: list[float] = field(default_factory=lambda: [5.0, 40.0])
     work_ms: list[float] = field(default_factory=lambda: [1.0, 15.0])
     control: str | None = None
+    output: bool = False  # runtimes keep output: each handled signal appends an item
 
 
 def config_json(cfg: WorkerConfig) -> str:
@@ -67,7 +68,18 @@ class Worker:
         self.backend: Any = None
 
     def _handler(self, namespace: str) -> Any:
-        from tenure import LeaseLost, ThreadRun
+        from tenure import BackendUnavailable, LeaseLost, ThreadRun
+
+        async def append(run: ThreadRun, data: Any) -> None:
+            # What a careful handler does: an outage is waited out while the lease
+            # is held (a loss raises LeaseLost: Fenced, or the renewer's).
+            while True:
+                try:
+                    await run.append(data)
+                    return
+                except BackendUnavailable:
+                    run.ensure_held()
+                    await asyncio.sleep(0.05)
 
         lo, hi = self.cfg.work_ms
 
@@ -75,8 +87,12 @@ class Worker:
             async for sig in run.signals():
                 await asyncio.sleep(self.rnd.uniform(lo, hi) / 1000)
                 try:
+                    # Before the sink's write, which refuses a stale run: the output's
+                    # own fence must be what keeps a stale item out.
+                    if self.cfg.output:
+                        await append(run, {"signal": sig.id, "attempt": sig.attempt})
                     await self.sink.write(run, namespace, sig.id, sig.attempt)
-                except LeaseLost:
+                except LeaseLost:  # Fenced too
                     return
 
         return handle
@@ -93,6 +109,7 @@ class Worker:
                 ttl_ms=self.cfg.ttl_ms,
                 process_id=f"{self.cfg.name}.{i}",
                 namespace=ns,
+                output=self.cfg.output,
             )
             await rt.start()
             self.runtimes[ns] = rt

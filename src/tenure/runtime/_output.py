@@ -21,11 +21,18 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._errors import ConfigurationError, Fenced, InvalidArgument, OutputTruncated, TenureError
+from .._errors import (
+    BackendUnavailable,
+    ConfigurationError,
+    Fenced,
+    InvalidArgument,
+    OutputTruncated,
+    TenureError,
+)
 from .._pubsub import Event
 from ._log import EventSource
 
@@ -243,7 +250,9 @@ class RunOutput:
         fence: WriteFence,
         run_id: str,
         retention: Retention,
+        lost: asyncio.Event,
     ) -> None:
+        self._lost = lost
         self._store = store
         self._stream = stream
         self._fence = fence
@@ -272,7 +281,26 @@ class RunOutput:
                 raise
         return self.last
 
+    async def _lifecycle(self, step: Callable[[], Awaitable[Any]]) -> None:
+        """A write of the runtime's own: retried while the backend is unavailable and
+        the lease is held, so an outage does not count as the handler failing (an
+        attempt that did land may then show twice)."""
+        delay = 0.05
+        while True:
+            try:
+                await step()
+                return
+            except BackendUnavailable:
+                if self._lost.is_set():
+                    raise
+                logger.warning("output of run %s: backend unavailable, retrying", self._run_id)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
+
     async def start(self, thread_key: str, process_id: str) -> None:
+        await self._lifecycle(lambda: self._start(thread_key, process_id))
+
+    async def _start(self, thread_key: str, process_id: str) -> None:
         """``run_started``, after a ``run_lost`` for a previous run that never said it ended."""
         head, tail = await self._store.read(self._stream, 0, 0)
         items: list[tuple[str, Any, str | None]] = []
@@ -290,11 +318,11 @@ class RunOutput:
         await self.write(items)
 
     async def taken(self, signal_id: str) -> None:
-        await self.write([("signal_taken", None, signal_id)])
+        await self._lifecycle(lambda: self.write([("signal_taken", None, signal_id)]))
 
     async def finished(self, signal_id: str) -> None:
         """The run is done with ``signal_id`` (written before it is acknowledged)."""
-        await self.write([("signal_finished", None, signal_id)])
+        await self._lifecycle(lambda: self.write([("signal_finished", None, signal_id)]))
 
     async def ended(self, end: str, current: str | None) -> None:
         """``run_ended``; ``current``, the signal the run held, is finished if the end acks it."""
@@ -302,7 +330,7 @@ class RunOutput:
         if end == "ok" and current is not None:
             items.append(("signal_finished", None, current))
         items.append(("run_ended", {"end": end}, current))
-        await self.write(items)
+        await self._lifecycle(lambda: self.write(items))
 
 
 # -- the runtime's side ---------------------------------------------------------------------
@@ -337,7 +365,12 @@ class Outputs:
 
             fence = WriteFence(run.lease_key, run.owner, run.token)
             out = RunOutput(
-                self.store, self.stream_of(run.thread_key), fence, run.run_id, self.retention
+                self.store,
+                self.stream_of(run.thread_key),
+                fence,
+                run.run_id,
+                self.retention,
+                run.lost,
             )
             run.output = out
             await out.start(run.thread_key, self.process_id)

@@ -374,6 +374,11 @@ class ThreadRuntime(AsyncCloseable):
         """
         return self._replies().reply(result, after)
 
+    async def last_position(self, thread_key: str) -> int:
+        """The position of ``thread_key``'s newest output item (0: none yet)."""
+        self.names.name(thread_key)
+        return await self._replies().head(thread_key)
+
     async def cancel(self, thread_key: str, *, run_id: str | None = None) -> str | None:
         """Stop the run of ``thread_key``, wherever it runs; the id of the run asked, or ``None``.
 
