@@ -10,7 +10,8 @@ work below); this process reads.
    the host), and after each one ``XADD``s a stamped entry to a raw stream,
    ``--gap`` seconds apart: interleaved, so load hits both alike. This process
    reads the thread with ``ThreadRuntime.follow`` (blocking ``XREAD``) and the
-   raw stream with a blocking ``XREAD`` loop, and takes receipt - stamp.
+   raw stream with a blocking ``XREAD`` loop, and takes receipt - stamp. Both
+   readers go on reading through part 2.
 2. Throughput through one thread: ``--rounds`` interleaved slices of
    ``--burst`` items appended one call each (``run.append``), against as many
    raw ``XADD``s, and ``run.append_many`` of the same burst in batches of 32;
@@ -110,8 +111,10 @@ async def parent(args: argparse.Namespace) -> list[Figure]:
     result: dict[str, list[float]] = {}
 
     async def read_raw() -> None:
+        # Reads on through the throughput slices, as the follow does: each side has a
+        # reader in this process while its appends run.
         last = "0-0"
-        while len(raw_ms) < args.count:
+        while True:
             reply = await raw.xread({raw_key: last}, count=100, block=0)
             now = time.monotonic()
             for _, entries in reply:
@@ -138,7 +141,8 @@ async def parent(args: argparse.Namespace) -> list[Figure]:
                 elif item.kind == "result":
                     result = item.data
                     break
-            await raw_task
+            raw_task.cancel()
+            await asyncio.gather(raw_task, return_exceptions=True)
             await proc.wait()
             await reader.aclose()
     finally:
