@@ -14,6 +14,8 @@ from safety.checker import (
     check_tokens,
 )
 from safety.history import HistoryWriter, Op, load_dir
+from safety.threads.checker import stale_outputs
+from safety.threads.evidence import OutputSeen
 
 from .helpers import MS, denied, granted, mk
 
@@ -268,9 +270,6 @@ def test_state_loss_window_lets_leases_vanish_but_keeps_tokens_rising() -> None:
 
 
 def test_stale_outputs_finds_a_stale_owners_item_after_its_successors_and_gaps() -> None:
-    from safety.threads.checker import stale_outputs
-    from safety.threads.evidence import OutputSeen
-
     def seen(position: int, run: str, token: int, thread: str = "t") -> OutputSeen:
         return OutputSeen("app", thread, position, run, token, "token")
 
