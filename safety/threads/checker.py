@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from tenure._history import Sighting, token_clashes
 
-from .evidence import Fault, Stored, Write
+from .evidence import Fault, OutputSeen, Stored, Write
 
 __all__ = [
     "LOOP_BOUND",
@@ -256,6 +256,10 @@ class ThreadReport:
     # Poison signals sent, and those handed more than LOOP_BOUND times: how many times.
     poisoned: int = 0
     looped: dict[str, int] = field(default_factory=dict)
+    # Output items read in a wrong place: a gap or a repeat in positions, or a
+    # stale owner's item after its successor's first (a lower token after a higher).
+    stale_output: list[str] = field(default_factory=list)
+    outputs: int = 0
 
     @property
     def violations(self) -> int:
@@ -265,6 +269,7 @@ class ThreadReport:
             + len(self.reordered)
             + len(self.misrouted)
             + len(self.looped)
+            + len(self.stale_output)
         )
 
     def counts(self) -> dict[str, int]:
@@ -274,7 +279,7 @@ class ThreadReport:
             "order": len(self.reordered),
             "misrouted": len(self.misrouted),
             "looped": len(self.looped),
-        }
+        } | ({"stale output": len(self.stale_output)} if self.outputs else {})
 
     def describe(self, limit: int = 5) -> list[str]:
         """One line per violation (at most ``limit`` of each kind)."""
@@ -293,6 +298,7 @@ class ThreadReport:
             f"looped: poison signal {sid} handed {n} times"
             for sid, n in list(self.looped.items())[:limit]
         ]
+        lines += self.stale_output[:limit]
         return lines
 
 
@@ -301,11 +307,34 @@ def looped(handed: Mapping[str, int], bound: int = LOOP_BOUND) -> dict[str, int]
     return {sid: n for sid, n in handed.items() if n > bound}
 
 
+def stale_outputs(items: Iterable[OutputSeen]) -> list[str]:
+    """Per thread, in position order: positions without gaps or repeats, and tokens that
+    never go down (a stale owner's item read after its successor's first would)."""
+    found: list[str] = []
+    by_thread: dict[tuple[str, str], list[OutputSeen]] = defaultdict(list)
+    for item in items:
+        by_thread[item.namespace, item.thread].append(item)
+    for (namespace, thread), seen in by_thread.items():
+        for a, b in itertools.pairwise(seen):
+            if b.position != a.position + 1:
+                found.append(
+                    f"output of {namespace}/{thread}: position {b.position} read after {a.position}"
+                )
+            if a.token is not None and b.token is not None and b.token < a.token:
+                found.append(
+                    f"stale output of {namespace}/{thread}: item {b.position} of run {b.run_id} "
+                    f"(token {b.token}) after item {a.position} of run {a.run_id} "
+                    f"(token {a.token})"
+                )
+    return found
+
+
 def check(
     stored: Sequence[Stored],
     writes: Sequence[Write],
     faults: Sequence[Fault] = (),
     handed: Mapping[str, int] | None = None,
+    outputs: Sequence[OutputSeen] = (),
 ) -> ThreadReport:
     """Every check on one run's evidence; takeover delays after the ``owner-kill`` faults.
 
@@ -329,4 +358,6 @@ def check(
         takeover_isolated_ms=takeover_delays(stored, writes, kills, faults),
         poisoned=poisoned,
         looped=looped(handed or {}),
+        stale_output=stale_outputs(outputs),
+        outputs=len(outputs),
     )

@@ -38,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--ttl-ms", type=int, default=1000)
     p.add_argument("--fault-gap", type=float, nargs=2, default=(0.5, 1.5), metavar=("LO", "HI"))
     p.add_argument("--no-faults", action="store_true")
+    p.add_argument(
+        "--output", action="store_true", help="runtimes keep output; check every thread's"
+    )
     p.add_argument("--kinds", nargs="+", default=None, help="only these fault kinds")
     p.add_argument("--workdir", default=None)
     p.add_argument("--control", choices=CONTROLS, default=None)
@@ -65,6 +68,7 @@ def cmd_threads(ns: argparse.Namespace) -> int:
         "ttl_ms": ns.ttl_ms,
         "workdir": ns.workdir,
         "cold_start": not ns.warm_start,
+        "output": ns.output,
     }
     if ns.duration is not None:
         common["duration_s"] = ns.duration

@@ -227,3 +227,19 @@ def load_writes(path: Path) -> list[Write]:
 
 def load_faults(path: Path) -> list[Fault]:
     return [Fault(**row) for row in _lines(path)] if path.exists() else []
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSeen:
+    """One item of a thread's output, as a reader read it after the run."""
+
+    namespace: str
+    thread: str
+    position: int
+    run_id: str
+    token: int | None
+    kind: str
+
+
+def load_outputs(path: Path) -> list[OutputSeen]:
+    return [OutputSeen(**row) for row in _lines(path)] if path.exists() else []

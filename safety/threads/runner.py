@@ -43,7 +43,16 @@ from typing import Any
 
 from ..proxy import Proxy
 from .checker import ThreadReport, check, percentile
-from .evidence import Fault, Sink, load_faults, load_handed, load_stored, load_writes
+from .evidence import (
+    Fault,
+    OutputSeen,
+    Sink,
+    load_faults,
+    load_handed,
+    load_outputs,
+    load_stored,
+    load_writes,
+)
 from .worker import WorkerConfig, config_json
 
 __all__ = [
@@ -110,6 +119,9 @@ class ThreadRunConfig:
     # runtime used to lose them (found by this harness; fixed in 3c669f0). False:
     # wait until the server grants leases before starting the workers.
     cold_start: bool = True
+    # The runtimes keep output (replies): each handled signal appends an item, and
+    # after the run every thread's output is read and checked (checker.stale_outputs).
+    output: bool = False
 
     def thread_list(self) -> list[list[str]]:
         if self.control == "collide":
@@ -160,7 +172,7 @@ class ThreadRunResult:
             f"{c.backend}{f' [control {c.control}]' if c.control else ''}: {r.signals} signals, "
             f"{r.writes} writes, {self.workers_started} worker processes, "
             f"{len(c.thread_list())} threads, TTL {c.ttl_ms} ms; {n_faults} faults ({kinds}); "
-            f"{verdict}; duplicates: {dup_signals} signals written twice or more "
+            f"{verdict}; {f'{r.outputs} output items read; ' if r.outputs else ''}duplicates: {dup_signals} signals written twice or more "
             f"(+{dup_extra} writes); {r.untokened} writes without a token; {takeover}; "
             + (
                 f"drained {self.drained_s:.1f} s after healing"
@@ -203,6 +215,7 @@ class Pool:
             send_gap_ms=list(self.rc.send_gap_ms),
             control=self.rc.control,
             poison_every=self.rc.poison_every,
+            output=self.rc.output,
         )
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         with (self.workdir / f"{name}.stderr").open("wb") as err:
@@ -513,7 +526,34 @@ def check_dir(workdir: Path, rc: ThreadRunConfig) -> ThreadReport:
     stored = load_stored(workdir)
     writes = load_writes(workdir / "sink.db")
     faults = load_faults(workdir / "faults.jsonl")
-    return check(stored, writes, faults, load_handed(workdir))
+    outputs = load_outputs(workdir / "outputs.jsonl")
+    return check(stored, writes, faults, load_handed(workdir), outputs)
+
+
+async def read_outputs(url: str, rc: ThreadRunConfig, path: Path) -> None:
+    """Every thread's whole output, as a reader sees it, one JSON line per item."""
+    import tenure
+
+    async def nothing(run: tenure.ThreadRun) -> None:
+        pass
+
+    lines: list[str] = []
+    async with tenure.from_url(url) as backend:
+        for namespace, thread in rc.thread_list():
+            reader = tenure.ThreadRuntime(backend, nothing, namespace=namespace, output=True)
+            try:
+                last = await reader.last_position(thread)
+                if last:
+                    async for item in reader.follow(thread):
+                        doc = OutputSeen(
+                            namespace, thread, item.position, item.run_id, item.token, item.kind
+                        )
+                        lines.append(json.dumps(asdict(doc)))
+                        if item.position >= last:
+                            break
+            finally:
+                await reader.aclose()
+    await asyncio.to_thread(path.write_text, "".join(line + "\n" for line in lines))
 
 
 def _prepare(rc: ThreadRunConfig) -> Path:
@@ -558,6 +598,8 @@ async def run_threads(rc: ThreadRunConfig) -> ThreadRunResult:
                 break
             await asyncio.sleep(0.2)
         await pool.stop_all(30)
+        if rc.output:
+            await read_outputs(urls[0], rc, workdir / "outputs.jsonl")
     finally:
         with contextlib.suppress(Exception):
             await injector.heal()

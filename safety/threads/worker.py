@@ -51,6 +51,7 @@ class WorkerConfig:
     control: str | None = None
     # Every n-th signal a worker sends is poison (0: none); see Stored.poison.
     poison_every: int = 0
+    output: bool = False  # runtimes keep output: each handled signal appends an item
 
 
 def config_json(cfg: WorkerConfig) -> str:
@@ -79,7 +80,18 @@ class Worker:
         self.backend: Any = None
 
     def _handler(self, namespace: str) -> Any:
-        from tenure import LeaseLost, ThreadRun
+        from tenure import BackendUnavailable, LeaseLost, ThreadRun
+
+        async def append(run: ThreadRun, data: Any) -> None:
+            # What a careful handler does: an outage is waited out while the lease
+            # is held (a loss raises LeaseLost: Fenced, or the renewer's).
+            while True:
+                try:
+                    await run.append(data)
+                    return
+                except BackendUnavailable:
+                    run.ensure_held()
+                    await asyncio.sleep(0.05)
 
         lo, hi = self.cfg.work_ms
 
@@ -90,8 +102,12 @@ class Worker:
                     await _cancelled_elsewhere()
                 await asyncio.sleep(self.rnd.uniform(lo, hi) / 1000)
                 try:
+                    # Before the sink's write, which refuses a stale run: the output's
+                    # own fence must be what keeps a stale item out.
+                    if self.cfg.output:
+                        await append(run, {"signal": sig.id, "attempt": sig.attempt})
                     await self.sink.write(run, namespace, sig.id, sig.attempt)
-                except LeaseLost:
+                except LeaseLost:  # Fenced too
                     return
 
         return handle
@@ -108,6 +124,7 @@ class Worker:
                 ttl_ms=self.cfg.ttl_ms,
                 process_id=f"{self.cfg.name}.{i}",
                 namespace=ns,
+                output=self.cfg.output,
             )
             await rt.start()
             self.runtimes[ns] = rt

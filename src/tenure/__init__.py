@@ -24,9 +24,11 @@ from ._errors import (
     BackendClosed,
     BackendUnavailable,
     ConfigurationError,
+    Fenced,
     InvalidArgument,
     LeaseLost,
     LeaseUnavailable,
+    OutputTruncated,
     TenureError,
 )
 from ._hold import HeldLease, acquire_wait, hold, renew_many
@@ -47,6 +49,7 @@ __all__ = [
     "ConfigurationError",
     "Event",
     "EventBackend",
+    "Fenced",
     "HeldLease",
     "InvalidArgument",
     "LeaseFence",
@@ -56,6 +59,7 @@ __all__ = [
     "LeaseUnavailable",
     "MemoryPubSub",
     "NoopLeaseProvider",
+    "OutputTruncated",
     "PubSub",
     "RefusalReason",
     "RuntimeEvent",

@@ -6,9 +6,11 @@ __all__ = [
     "BackendClosed",
     "BackendUnavailable",
     "ConfigurationError",
+    "Fenced",
     "InvalidArgument",
     "LeaseLost",
     "LeaseUnavailable",
+    "OutputTruncated",
     "TenureError",
 ]
 
@@ -86,3 +88,27 @@ class LeaseLost(TenureError):
         self.owner = owner
         self.reason = reason
         super().__init__(f"lease {key!r} held by {owner!r} was lost: {reason}")
+
+
+class Fenced(LeaseLost):
+    """A write under a lease was refused: the writer's fencing token is no longer the lease's.
+
+    Checked by the backend atomically with the write, so nothing of it landed.
+    A :class:`LeaseLost`: code that stops on a lost lease stops on this too.
+    """
+
+
+class OutputTruncated(TenureError):
+    """A reader asked for output older than the stream keeps (its retention).
+
+    ``after`` is the position the reader gave; ``first`` the oldest position
+    still kept (the reader may go on from ``first - 1``, knowing it missed some).
+    """
+
+    def __init__(self, stream: str, after: int, first: int) -> None:
+        self.stream = stream
+        self.after = after
+        self.first = first
+        super().__init__(
+            f"output of {stream!r} after position {after} is gone: the oldest kept is {first}"
+        )

@@ -14,6 +14,8 @@ from safety.checker import (
     check_tokens,
 )
 from safety.history import HistoryWriter, Op, load_dir
+from safety.threads.checker import stale_outputs
+from safety.threads.evidence import OutputSeen
 
 from .helpers import MS, denied, granted, mk
 
@@ -265,3 +267,15 @@ def test_state_loss_window_lets_leases_vanish_but_keeps_tokens_rising() -> None:
     ops.append(mk("b", "acquire", 60, 61, granted("b"), token=4, ttl_ms=1000))
     props = {v.prop for v in check_all(ops, CFG, state_loss=[(MS * 10, MS * 40)]).violations}
     assert "P2" in props
+
+
+def test_stale_outputs_finds_a_stale_owners_item_after_its_successors_and_gaps() -> None:
+    def seen(position: int, run: str, token: int, thread: str = "t") -> OutputSeen:
+        return OutputSeen("app", thread, position, run, token, "token")
+
+    clean = [seen(1, "a", 5), seen(2, "a", 5), seen(3, "b", 7), seen(1, "x", 1, "u")]
+    assert stale_outputs(clean) == []
+    stale = [seen(1, "a", 5), seen(2, "b", 7), seen(3, "a", 5)]
+    assert [line.split(":")[0] for line in stale_outputs(stale)] == ["stale output of app/t"]
+    gap = [seen(1, "a", 5), seen(3, "a", 5), seen(3, "a", 5)]
+    assert len(stale_outputs(gap)) == 2

@@ -3,14 +3,18 @@
 See :mod:`tenure.runtime._runtime` for the design and its guarantees.
 """
 
+from ._output import LIFECYCLE, OutputItem, Retention
 from ._runtime import ThreadRun, ThreadRuntime
 from ._status import ThreadStatus
 from ._types import EventKind, Outcome, Policy, RuntimeEvent, SendResult, Signal
 
 __all__ = [
+    "LIFECYCLE",
     "EventKind",
     "Outcome",
+    "OutputItem",
     "Policy",
+    "Retention",
     "RuntimeEvent",
     "SendResult",
     "Signal",

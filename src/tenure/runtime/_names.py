@@ -55,6 +55,11 @@ class ThreadNames:
         self.name(thread_key)
         return self._control + thread_key
 
+    def cancel(self, thread_key: str) -> str:
+        """The topic on which a cancel of ``thread_key``'s run reaches its owner (replies)."""
+        self.name(thread_key)
+        return self._control[: -len("#i:")] + "#c:" + thread_key
+
     def thread_of(self, name: str) -> str | None:
         """The thread key whose name is ``name``, or ``None`` if it is not of this namespace."""
         if not name.startswith(self.prefix) or len(name) == len(self.prefix):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Literal, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Literal, Protocol
 
 from .. import telemetry
-from .._errors import LeaseLost
+from .._errors import ConfigurationError, LeaseLost
 from ._inbox import Inbox, Pending, settle
 from ._observe import Emit
+from ._output import RunOutput, check_kind
 from ._types import EventKind, Signal
 
 __all__ = [
@@ -67,6 +68,7 @@ class ThreadRun:
         "_stopped_as",
         "_taken",
         "interrupted",
+        "output",
         "process_id",
         "run_id",
         "thread_key",
@@ -101,6 +103,8 @@ class ThreadRun:
         self._stopped_as: RunEnd | None = None
         #: Set when a newer signal interrupted this run (the ``interrupt`` policy).
         self.interrupted = False
+        #: The run's writer to its thread's output (a runtime with ``output``).
+        self.output: RunOutput | None = None
 
     def __repr__(self) -> str:
         return (
@@ -110,6 +114,32 @@ class ThreadRun:
     @property
     def lost(self) -> asyncio.Event:
         return self._lease.lost
+
+    @property
+    def lease_key(self) -> str:
+        return self._lease.lease_key
+
+    @property
+    def owner(self) -> str:
+        """The lease's owner while this run holds it."""
+        return self._owner
+
+    async def append(self, data: Any, kind: str = "token") -> int:
+        """Append ``data`` (a JSON value or ``bytes``) to the thread's output; its position.
+
+        The item answers the signal being handled. Fenced: raises
+        :class:`~tenure.Fenced` (nothing stored) once a later run owns the
+        thread. See :meth:`ThreadRuntime.follow`.
+        """
+        return await self.append_many([data], kind)
+
+    async def append_many(self, items: Sequence[Any], kind: str = "token") -> int:
+        """Append several items of one ``kind`` in one fenced step; the last position."""
+        check_kind(kind)
+        if self.output is None:
+            raise ConfigurationError("this runtime keeps no output: ThreadRuntime(output=...)")
+        signal = None if self._current is None else self._current.signal.id
+        return await self.output.write([(kind, data, signal) for data in items])
 
     def ensure_held(self) -> None:
         """Raise :class:`~tenure.LeaseLost` unless this run's lease is held (call it before acting).
@@ -149,6 +179,8 @@ class ThreadRun:
         when the lease is lost.
         """
         while not self._ended:
+            if self.output is not None and self._current is not None:
+                await self.output.finished(self._current.signal.id)
             self._ack_current()
             pending = await self._inbox.next(self._idle_timeout)
             if pending is None:
@@ -156,6 +188,8 @@ class ThreadRun:
             self._current = pending
             self._taken += 1
             self.emit("signal", pending.signal.id)
+            if self.output is not None:
+                await self.output.taken(pending.signal.id)
             yield pending.signal
 
 

@@ -121,18 +121,22 @@ raises on a signal gets it again at most the backend's ``max_attempts`` times
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
 from typing import Any, Self
 
 from .._contract import Backend, LeaseProvider
-from .._errors import BackendClosed, InvalidArgument
+from .._errors import BackendClosed, ConfigurationError, InvalidArgument
 from .._lifecycle import AsyncCloseable
 from .._pubsub import check_data
 from .._validate import check_name
 from ._context import Settings
+from ._identity import run_of
 from ._locks import KeyLocks
 from ._log import CLOSE_MARKER, GROUP, SIGNAL_TYPE, EventSource, log_for, provider_for
 from ._names import ThreadNames
 from ._observe import Observer
+from ._output import OutputItem, Outputs, Retention, store_for
 from ._policies import rule_for
 from ._run import Handler, ThreadRun
 from ._sending import Sender
@@ -190,6 +194,7 @@ class ThreadRuntime(AsyncCloseable):
         cancel_on_loss: bool = True,
         policy: Policy = "enqueue",
         namespace: str = "tenure.thread",
+        output: Retention | bool = False,
     ) -> None:
         if not callable(handler):
             raise InvalidArgument(f"handler must be callable, got {type(handler).__name__}")
@@ -213,6 +218,20 @@ class ThreadRuntime(AsyncCloseable):
         self.process_id, self.namespace = settings.process_id, self.names.namespace
         self.provider = provider
         self.log, self._owns_log = log_for(backend, provider, self)
+        self._outputs: Outputs | None = None
+        if output is not False:
+            retention = Retention() if output is True else output
+            if not isinstance(retention, Retention):
+                raise InvalidArgument(f"output must be a bool or a Retention, got {output!r}")
+            self._outputs = Outputs(
+                store_for(backend, provider),
+                self.names.name,
+                retention,
+                settings.process_id,
+                self.log,
+                self.names.cancel,
+            )
+            handler = self._outputs.wrap(handler)
         observer = Observer(settings.process_id, on_event)
         self._locks = KeyLocks()
         self._sessions = Sessions(
@@ -263,6 +282,8 @@ class ThreadRuntime(AsyncCloseable):
             self._sweep_task.cancel()
             await asyncio.gather(self._sweep_task, return_exceptions=True)
         await self._sessions.close()
+        if self._outputs is not None:
+            await self._outputs.store.aclose()
         if self._owns_log:
             await self.log.aclose()
 
@@ -321,4 +342,74 @@ class ThreadRuntime(AsyncCloseable):
         check_data(payload, "payload")
         if self._sweep_task is None or self.closed:
             await self.start()  # raises BackendClosed after aclose()
-        return await self._sender.send(thread_key, payload, signal_id)
+        if self._outputs is None:
+            return await self._sender.send(thread_key, payload, signal_id)
+        after = await self._outputs.head(thread_key)
+        result = await self._sender.send(thread_key, payload, signal_id)
+        return dataclasses.replace(result, output_after=after)
+
+    # -- replies ----------------------------------------------------------------
+
+    def _replies(self) -> Outputs:
+        if self._outputs is None:
+            raise ConfigurationError(
+                "this runtime keeps no output: ThreadRuntime(..., output=True)"
+            )
+        return self._outputs
+
+    def follow(self, thread_key: str, *, after: int = 0) -> AsyncIterator[OutputItem]:
+        """Every item of ``thread_key``'s output after position ``after``, in order, as it comes.
+
+        Never ends by itself. Resume with the last position seen: each item is
+        read exactly once, also across a takeover. Raises
+        :class:`~tenure.OutputTruncated` when retention dropped items after
+        ``after``.
+        """
+        self.names.name(thread_key)
+        return self._replies().follow(thread_key, after)
+
+    def reply(self, result: SendResult, *, after: int | None = None) -> AsyncIterator[OutputItem]:
+        """The output items answering ``result``'s signal, ending when its reply is complete.
+
+        Complete: the signal was finished (``signal_finished``) or its run was
+        interrupted. A run cut off mid-reply shows as a ``run_lost`` item; the
+        next run's reply to the same signal follows. ``after`` resumes (the last
+        position seen).
+        """
+        return self._replies().reply(result, after)
+
+    async def last_position(self, thread_key: str) -> int:
+        """The position of ``thread_key``'s newest output item (0: none yet)."""
+        self.names.name(thread_key)
+        return await self._replies().head(thread_key)
+
+    async def cancel(self, thread_key: str, *, run_id: str | None = None) -> str | None:
+        """Stop the run of ``thread_key``, wherever it runs; the id of the run asked, or ``None``.
+
+        The run sees it as an interrupt (``run.interrupted``, its handler
+        cancelled): the signal it was handling counts as handled, and its output
+        says so (``cancel``, then ``run_ended`` with ``end="interrupted"``), which
+        completes that signal's reply. A cancel names one run: ``run_id``, or the
+        run holding the thread's lease now (``None`` when there is none). It
+        never stops another run, so a cancel that arrives late does nothing. It
+        is carried by the backend's fan-out events to the owner's run: a run
+        that has not subscribed yet (it just started) does not see it.
+        """
+        self.names.name(thread_key)
+        if run_id is None:
+            run_id = run_of(await self.provider.get_lease_owner(self.names.name(thread_key)))
+            if run_id is None:
+                return None
+        check_name(run_id, "run_id")
+        await self._replies().cancel(thread_key, run_id, self.process_id)
+        return run_id
+
+    async def wait_reply(
+        self, result: SendResult, *, timeout: float | None = None
+    ) -> list[OutputItem]:
+        """All of :meth:`reply` at once; ``TimeoutError`` after ``timeout`` seconds."""
+
+        async def collect() -> list[OutputItem]:
+            return [item async for item in self.reply(result)]
+
+        return await asyncio.wait_for(collect(), timeout)

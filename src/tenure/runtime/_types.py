@@ -63,12 +63,17 @@ class SendResult:
     is ``run_id``. The signal is durable (on a durable backend) either way.
     ``"rejected"`` (only with the ``reject`` policy): a run was active, and the
     signal was not stored.
+
+    ``output_after`` (a runtime that keeps output): the thread's last output
+    position before the signal was sent; its reply comes after it
+    (:meth:`ThreadRuntime.reply`).
     """
 
     outcome: Outcome
     run_id: str | None
     signal_id: str
     thread_key: str
+    output_after: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

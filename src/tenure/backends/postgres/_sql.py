@@ -104,6 +104,10 @@ class PgNames:
             **{k: sql.Identifier(derived_name(self.table, v)) for k, v in _INDEXES.items()},
         }
 
+    def identifiers(self) -> dict[str, sql.Composable]:
+        """The names statements are composed with (``{table}``, ``{schema}``...), by placeholder."""
+        return dict(self._names)
+
     def render(self, name: str) -> str:
         """``sql/<name>.sql`` with the schema, table and clock names composed in."""
         return sql.SQL(load(name)).format(**self._names).as_string(None)
