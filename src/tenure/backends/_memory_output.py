@@ -18,7 +18,7 @@ from .._errors import Fenced
 from .memory import MemoryPubSub
 
 if TYPE_CHECKING:
-    from ..runtime._output import Retention, WriteFence
+    from .._output import Retention, WriteFence
 
 __all__ = ["MemoryOutput"]
 

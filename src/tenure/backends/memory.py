@@ -21,6 +21,7 @@ from typing import Any
 
 from .._contract import AcquireResult, Capability, LeaseRecord, RefusalReason
 from .._errors import ConfigurationError, InvalidArgument
+from .._output import OutputStore
 from .._pubsub import (
     Callback,
     Event,
@@ -295,6 +296,12 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
         | Capability.RECLAIM
         | Capability.BACKLOG
     )
+
+    def output_store(self) -> OutputStore:
+        """A store of thread output streams on this backend (``ThreadRuntime(output=...)``)."""
+        from ._memory_output import MemoryOutput
+
+        return MemoryOutput(self)
 
     def __init__(
         self, *, clock: Callable[[], float] = time.monotonic, max_attempts: int = 5

@@ -11,7 +11,8 @@ from .. import telemetry
 from .._errors import ConfigurationError, LeaseLost
 from ._inbox import Inbox, Pending, settle
 from ._observe import Emit
-from ._output import RunOutput, check_kind
+from ._output import check_kind
+from ._replies import RunOutput
 from ._types import EventKind, Signal
 
 __all__ = [

@@ -32,87 +32,9 @@ With the default settings, on a backend that carries signals between processes
 
 Design
 ------
-*Every signal is durable before* :meth:`ThreadRuntime.send_signal` *returns*: it
-is published to the thread's own topic and read only through the consumer group
-``tenure.runtime`` of that topic, by the process that holds the thread's lease
-(lease key and topic are the thread's name). One consumer at a time reads the
-log in order, so per-thread order is the log's order.
+*How it works* (the design, module by module) is in ``docs/runtime.md``.
 
-*A sender never forwards a payload.* It publishes and tries to acquire the
-lease: if it wins it opens a *session* (lease + subscription) and answers
-``"wake"``; otherwise ``"deliver"``: the owner reads the signal from the log.
-A refusal is trusted for 50 ms: the thread's next signals from this sender are
-published without a lease attempt (a burst costs one publish per signal). If
-the owner's run closed meanwhile, the sweep starts them.
-
-*The first signal of a thread.* A consumer group is created at the log's end, so
-a signal published before the group exists would be skipped. A session of a
-thread whose group this process has not seen takes the lease as
-``"<process>/<session>.0"`` (*opening*), subscribes, and only then moves the
-lease to ``".1"``. A sender that has not seen the group acquires first and
-publishes once its own session is open, or waits while another owner is
-opening. Once the group is known, senders publish and acquire together.
-
-*Taking over.* A session that acquires a thread's lease first *reclaims* the
-group's unacknowledged signals (``Capability.RECLAIM``): whatever a previous
-owner read and never finished goes back to the group at once and is delivered
-before newer signals. Holding the lease is what makes this safe: the previous
-owner either released it (and handed everything back) or lost it.
-
-*Fenced reads.* Where the log keeps the leases too and declares
-``Capability.FENCED_TAKES`` (SQLite, PostgreSQL), a session subscribes with a
-:class:`~tenure.LeaseFence` on its own owner prefix: the backend takes signals
-for it only while it holds the thread's lease, checked in the statement that
-takes them. A session that lost its lease while its reads went on (paused,
-cut off, slow to learn of the loss) then cannot take what the next owner
-reclaimed, however late its request reaches the server.
-
-*Sweeping.* Every runtime process asks the backend every ``sweep_interval``
-(default: the renew interval, at most 1 s) which threads of its namespace have
-signals not yet acknowledged (``Capability.BACKLOG``), and tries to acquire
-each one it does not own: a thread whose owner died is taken over as soon as
-its lease expires; one whose sender died before anyone read its signal is
-started. This replaces any per-sender bookkeeping that would die with the sender.
-
-*Runs and hand-over.* A session starts a run when a signal arrives. A signal is
-acknowledged once handled (the handler asks for the next one, or returns).
-When a run returns with signals waiting, the lease moves to the next run with
-``transfer_lease``: the key is never free and the token increases.
-
-*Interrupts.* Under the ``interrupt`` policy a sender that does not own the
-thread also publishes an interrupt request on the thread's *control* topic
-(``<namespace>#i:<thread key>``, fan-out), to which the owner's session
-subscribes: the owner reads signals one at a time, so it would otherwise see
-the new signal only after the run it should interrupt. Signals sent before the
-interrupting one that have not run yet are acknowledged unhandled (as judged by
-their senders' clocks when they arrive after the request). A request only ever
-affects signals sent before its own: one whose signal a run took already
-changes nothing, however late the owner reads it.
-
-*Rooms.* ``docs/runtime.md`` says which module owns what: sending and the
-policies' rules, the sessions and a session's life behind its context, the
-lease, the inbox, the run.
-
-*Closing.* An idle session publishes a *close marker* and reads up to it, so
-every signal sent before it starts a run here. Then it unsubscribes (the backend
-hands back what it had not acknowledged) while still renewing, and releases. A
-signal sent after the marker stays in the log, and the sweep finds it.
-
-*Backends.* The runtime needs ``EVENTS``; across processes also
-``DURABLE_GROUPS``, ``RECLAIM`` and ``BACKLOG`` (SQLite, Redis and PostgreSQL declare them);
-a backend that declares durable groups without the other two is refused with
-:class:`~tenure.ConfigurationError`, since it could strand a signal. A backend
-whose events do not outlive a process, or one without leases
-(:class:`~tenure.NoopLeaseProvider`, announced with a WARNING), gets a
-process-local log (a :class:`~tenure.MemoryPubSub`) and the runtime is correct
-within one process only.
-
-Limits: on Redis, per-thread order can break for a signal sent while a paused
-owner's blocking read was outstanding: the backend hands it to that stale
-reader, which gives it back only once it finds its lease lost, after newer
-signals ran (seen once by the thread harness, under SIGSTOP; crashes do not
-cause it; the fenced reads of SQLite and PostgreSQL close it); a backend
-that loses acknowledged state (a Redis restart without
+Limits: a backend that loses acknowledged state (a Redis restart without
 persistence) can lose signals published before the restart; a handler that
 raises on a signal gets it again at most the backend's ``max_attempts`` times
 (a ``CancelledError`` that tenure did not ask for counts as raising).
@@ -136,8 +58,9 @@ from ._locks import KeyLocks
 from ._log import CLOSE_MARKER, GROUP, SIGNAL_TYPE, EventSource, log_for, provider_for
 from ._names import ThreadNames
 from ._observe import Observer
-from ._output import OutputItem, Outputs, Retention, store_for
+from ._output import OutputItem, Retention, store_for
 from ._policies import rule_for
+from ._replies import Outputs
 from ._run import Handler, ThreadRun
 from ._sending import Sender
 from ._sessions import Sessions
@@ -218,19 +141,8 @@ class ThreadRuntime(AsyncCloseable):
         self.process_id, self.namespace = settings.process_id, self.names.namespace
         self.provider = provider
         self.log, self._owns_log = log_for(backend, provider, self)
-        self._outputs: Outputs | None = None
-        if output is not False:
-            retention = Retention() if output is True else output
-            if not isinstance(retention, Retention):
-                raise InvalidArgument(f"output must be a bool or a Retention, got {output!r}")
-            self._outputs = Outputs(
-                store_for(backend, provider),
-                self.names.name,
-                retention,
-                settings.process_id,
-                self.log,
-                self.names.cancel,
-            )
+        self._outputs = self._output_for(output, provider)
+        if self._outputs is not None:
             handler = self._outputs.wrap(handler)
         observer = Observer(settings.process_id, on_event)
         self._locks = KeyLocks()
@@ -244,6 +156,21 @@ class ThreadRuntime(AsyncCloseable):
             self.log, self.names, self._sessions, self._locks.hold, settings.sweep_interval
         )
         self._sweep_task: asyncio.Task[None] | None = None
+
+    def _output_for(self, output: Retention | bool, provider: LeaseProvider) -> Outputs | None:
+        if output is False:
+            return None
+        retention = Retention() if output is True else output
+        if not isinstance(retention, Retention):
+            raise InvalidArgument(f"output must be a bool or a Retention, got {output!r}")
+        return Outputs(
+            store_for(self.backend, provider),
+            self.names.name,
+            retention,
+            self.settings.process_id,
+            self.log,
+            self.names.cancel,
+        )
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._sessions)} threads owned"

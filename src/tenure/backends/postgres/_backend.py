@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from ..._contract import Capability
 from ..._errors import ConfigurationError
+from ..._output import OutputStore
 from ..._url_options import to_int, to_seconds
 from .._claimed import EventOptions
 from ._events import PostgresEvents
@@ -168,6 +169,12 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
         **_EVENT_OPTIONS,
     }
     _kwargs: ClassVar[frozenset[str]] = _KWARGS | frozenset(_EVENT_OPTIONS)
+
+    def output_store(self) -> OutputStore:
+        """A store of thread output streams on this backend (``ThreadRuntime(output=...)``)."""
+        from ._output import PostgresOutput
+
+        return PostgresOutput(self)
 
     def __init__(self, conninfo: str = "", **options: Any) -> None:
         events = {name: options.pop(name) for name in _EVENT_OPTIONS if name in options}

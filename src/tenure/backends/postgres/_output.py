@@ -20,7 +20,7 @@ from ..._errors import Fenced
 from ._sql import _DDL_LOCK_ID, derived_name, load
 
 if TYPE_CHECKING:
-    from ...runtime._output import Retention, WriteFence
+    from ..._output import Retention, WriteFence
     from ._backend import PostgresPubSub
 
 __all__ = ["PostgresOutput"]

@@ -16,7 +16,7 @@ from ._reading import _entries
 from ._scripts import load_script
 
 if TYPE_CHECKING:
-    from ...runtime._output import Retention, WriteFence
+    from ..._output import Retention, WriteFence
     from ._backend import RedisStreamsPubSub
 
 __all__ = ["RedisOutput"]

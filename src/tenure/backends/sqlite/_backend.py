@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlsplit
 from ..._contract import Capability
 from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError
+from ..._output import OutputStore
 from ..._url_options import parse_query, redact_url, to_bool
 from .._core import LEASE_CAPABILITIES
 from ._connection import CHUNK, SYNCHRONOUS, Options, Worker, in_list, load_sql
@@ -284,6 +285,12 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     """
 
     capabilities = LEASE_CAPABILITIES | Capability.RUNTIME_LOG | Capability.FENCED_TAKES
+
+    def output_store(self) -> OutputStore:
+        """A store of thread output streams on this backend (``ThreadRuntime(output=...)``)."""
+        from ._output import SqliteOutput
+
+        return SqliteOutput(self)
 
     def __init__(
         self,

@@ -21,7 +21,7 @@ from ._connection import load_sql
 from ._wake import PUBLISHED, WakeChannel
 
 if TYPE_CHECKING:
-    from ...runtime._output import Retention, WriteFence
+    from ..._output import Retention, WriteFence
     from ._backend import SqlitePubSub
 
 __all__ = ["SqliteOutput"]
