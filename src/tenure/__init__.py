@@ -34,6 +34,7 @@ from ._errors import (
 from ._hold import HeldLease, acquire_wait, hold, renew_many
 from ._pubsub import Event, LeaseFence, PubSub
 from ._url import default_url, from_url
+from ._version import __version__ as __version__
 from .runtime import RuntimeEvent, SendResult, Signal, ThreadRun, ThreadRuntime
 
 if TYPE_CHECKING:
@@ -80,7 +81,6 @@ __all__ = [
     "renew_many",
 ]
 
-__version__ = "0.1.0"
 
 # A library never configures logging; without a handler of the application's,
 # Python's last-resort handler would print tenure's warnings to stderr.

@@ -10,7 +10,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__
+from ._version import __version__
 
 __all__ = ["main"]
 

@@ -95,7 +95,7 @@ def _otel() -> tuple[Any, Any]:
         except ImportError:
             _meter = _tracer = _NOTHING
         else:
-            from . import __version__
+            from ._version import __version__
 
             _meter = metrics.get_meter("tenure", __version__)
             _tracer = trace.get_tracer("tenure", __version__)

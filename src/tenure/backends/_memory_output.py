@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .._errors import Fenced
-from .memory import MemoryPubSub
 
 if TYPE_CHECKING:
     from .._output import Retention, WriteFence
+    from .memory import MemoryPubSub
 
 __all__ = ["MemoryOutput"]
 

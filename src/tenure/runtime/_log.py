@@ -102,15 +102,20 @@ class LeaseTable(RecordedLeases, Protocol):
 _local_logs: weakref.WeakKeyDictionary[object, RuntimeLog] = weakref.WeakKeyDictionary()
 
 
-def _local_log(backend: object) -> RuntimeLog:
-    from ..backends.memory import MemoryPubSub
+def _memory_log() -> RuntimeLog:
+    # Through the scheme registry, as a user gets one: the runtime imports no backend.
+    from .._url import from_url
 
+    return cast(RuntimeLog, from_url("memory://"))
+
+
+def _local_log(backend: object) -> RuntimeLog:
     try:
         log = _local_logs.get(backend)
         if log is None:
-            log = _local_logs[backend] = MemoryPubSub()
+            log = _local_logs[backend] = _memory_log()
     except TypeError:  # not weak-referenceable: one log per runtime
-        return MemoryPubSub()
+        return _memory_log()
     return log
 
 

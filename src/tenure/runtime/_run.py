@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .. import telemetry
 from .._errors import ConfigurationError, LeaseLost
 from ._inbox import Inbox, Pending, settle
 from ._observe import Emit
 from ._output import check_kind
-from ._replies import RunOutput
 from ._types import EventKind, Signal
+
+if TYPE_CHECKING:
+    from ._replies import RunOutput
 
 __all__ = [
     "Handler",
