@@ -171,6 +171,16 @@ class _OutcomeWriter:
             self._idle.set()
 
 
+# Clean-up statements, in order: (operation, statement of _Queries).
+_PRUNE = (
+    ("prune groups", "group_prune_dead"),
+    ("prune claims", "claim_prune_orphans"),
+    ("prune events", "event_expire"),
+    ("prune events", "event_prune"),
+    ("prune waiters", "waiter_prune"),
+)
+
+
 class PostgresEvents(ClaimedEvents[_Group]):
     """Pub/sub on the event tables: the event-loop side (mixed into :class:`PostgresPubSub`)."""
 
@@ -471,15 +481,9 @@ class PostgresEvents(ClaimedEvents[_Group]):
         held = [(g.gid, e, a) for g in groups for e, a in g.held.items()]
         kept: set[tuple[int, int]] = set()
         if held:
-            rows = await self._sql(
-                "extend claims",
-                self._events_q.claim_extend,
-                {
-                    **_claim_arrays(self._consumer, held),
-                    "visible": self._event_opts.visibility_timeout,
-                },
-                retry=True,
-            )
+            visible = self._event_opts.visibility_timeout
+            params = {**_claim_arrays(self._consumer, held), "visible": visible}
+            rows = await self._sql("extend claims", self._events_q.claim_extend, params, retry=True)
             kept = {(int(g), int(e)) for g, e in rows}
         self._forget(groups, [h for h in held if h[:2] not in kept])
         alive = await self._sql(
@@ -505,18 +509,10 @@ class PostgresEvents(ClaimedEvents[_Group]):
         group.wake.set()
 
     async def _prune(self) -> None:
-        for op, query, params in (
-            ("prune groups", self._events_q.group_prune_dead, {}),
-            ("prune claims", self._events_q.claim_prune_orphans, {}),
-            (
-                "prune events",
-                self._events_q.event_expire,
-                {"retention": self._event_opts.retention},
-            ),
-            ("prune events", self._events_q.event_prune, {}),
-            ("prune waiters", self._events_q.waiter_prune, {}),
-        ):
-            await self._sql(op, query, params, retry=True)
+        retention = {"retention": self._event_opts.retention}
+        for op, name in _PRUNE:
+            params = retention if name == "event_expire" else {}
+            await self._sql(op, getattr(self._events_q, name), params, retry=True)
 
     # -- closing ----------------------------------------------------------------------
 
