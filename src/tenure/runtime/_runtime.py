@@ -128,7 +128,7 @@ from .._errors import BackendClosed, InvalidArgument
 from .._lifecycle import AsyncCloseable
 from .._pubsub import check_data
 from .._validate import check_name
-from ._context import Settings
+from ._context import OnRollback, Settings
 from ._locks import KeyLocks
 from ._log import CLOSE_MARKER, GROUP, SIGNAL_TYPE, EventSource, log_for, provider_for
 from ._names import ThreadNames
@@ -190,6 +190,7 @@ class ThreadRuntime(AsyncCloseable):
         cancel_on_loss: bool = True,
         policy: Policy = "enqueue",
         namespace: str = "tenure.thread",
+        on_rollback: OnRollback | None = None,
     ) -> None:
         if not callable(handler):
             raise InvalidArgument(f"handler must be callable, got {type(handler).__name__}")
@@ -203,6 +204,7 @@ class ThreadRuntime(AsyncCloseable):
             unsubscribe_timeout=unsubscribe_timeout,
             cancel_on_loss=cancel_on_loss,
             process_id=process_id,
+            on_rollback=on_rollback,
         )
         if on_event is not None and not callable(on_event):
             raise InvalidArgument(f"on_event must be callable, got {type(on_event).__name__}")
@@ -210,6 +212,7 @@ class ThreadRuntime(AsyncCloseable):
         self.names = ThreadNames(namespace)
         provider = provider_for(backend, lease_provider)
         self.settings, self.policy, self.backend = settings, rule.name, backend
+        self._rule = rule
         self.process_id, self.namespace = settings.process_id, self.names.namespace
         self.provider = provider
         self.log, self._owns_log = log_for(backend, provider, self)
@@ -218,9 +221,7 @@ class ThreadRuntime(AsyncCloseable):
         self._sessions = Sessions(
             settings, self.names, self.log, provider, handler, rule, observer.emit, self.poke
         )
-        self._sender = Sender(
-            self.names, self.log, rule, self._sessions, self._locks.hold, observer.emit
-        )
+        self._sender = Sender(self.names, self.log, self._sessions, self._locks.hold, observer.emit)
         self._sweeper = Sweeper(
             self.log, self.names, self._sessions, self._locks.hold, settings.sweep_interval
         )
@@ -297,7 +298,12 @@ class ThreadRuntime(AsyncCloseable):
     # -- sending --------------------------------------------------------------
 
     async def send_signal(
-        self, thread_key: str, payload: Any, *, signal_id: str | None = None
+        self,
+        thread_key: str,
+        payload: Any,
+        *,
+        signal_id: str | None = None,
+        policy: Policy | None = None,
     ) -> SendResult:
         """Make ``payload`` a durable signal of ``thread_key`` and see that a run reads it.
 
@@ -311,14 +317,21 @@ class ThreadRuntime(AsyncCloseable):
         (the outcome is then unknown) can simply send again. Without it the
         backend gives the signal a new random id, and keeps no record to
         deduplicate it by (nobody could send it again): such a send costs what
-        a plain ``publish`` does. Raises :class:`~tenure.InvalidArgument` for a
-        bad key, id or a payload that is not JSON-serialisable, and
+        a plain ``publish`` does.
+
+        ``policy`` (default: the runtime's ``policy``) is what this signal does
+        to the thread's active run; it travels with the signal, so the owner
+        applies it whatever its own default (see ``docs/policies.md``).
+
+        Raises :class:`~tenure.InvalidArgument` for a bad key, id, policy or a
+        payload that is not JSON-serialisable, and
         :class:`~tenure.BackendClosed` after ``aclose()``.
         """
+        rule = self._rule if policy is None else rule_for(policy)
         self.names.name(thread_key)
         if signal_id is not None:
             check_name(signal_id, "signal_id")
         check_data(payload, "payload")
         if self._sweep_task is None or self.closed:
             await self.start()  # raises BackendClosed after aclose()
-        return await self._sender.send(thread_key, payload, signal_id)
+        return await self._sender.send(thread_key, payload, signal_id, rule)
