@@ -64,7 +64,7 @@ class Inbox:
     ``takes()`` says whether the session may still take signals (it is not
     done and its lease is held, judged on the clock); ``lost`` is set when the
     lease is lost; ``on_skipped`` is told of each signal that arrives after a
-    request skipped it (see :meth:`skip_through`); ``on_coalesced(signal,
+    request skipped it (see :meth:`skip_through`); ``on_coalesced(signal_id,
     into)`` of each signal settled as coalesced into ``into`` (see
     :meth:`carry_through`).
     """
@@ -76,7 +76,7 @@ class Inbox:
         takes: Callable[[], bool],
         lost: asyncio.Event,
         on_skipped: Callable[[Signal], None],
-        on_coalesced: Callable[[Signal, str], None],
+        on_coalesced: Callable[[str, str], None],
     ) -> None:
         self.thread_key = thread_key
         self._sid = sid
@@ -96,6 +96,8 @@ class Inbox:
         # its send time); and the signals carried into it meanwhile, in order.
         self._carry_until: tuple[str, float] | None = None
         self._carried: list[Signal] = []
+        # Ids already told to on_coalesced before they arrived.
+        self._announced: set[str] = set()
         # The idle timer of the waits, and the deadline of the wait under way
         # (the loop's clock); see wait().
         self._timer: asyncio.TimerHandle | None = None
@@ -256,21 +258,27 @@ class Inbox:
     def carry_through(self, signal_id: str, sent_at: float) -> None:
         """Settle as coalesced into ``signal_id`` the signals waiting before it.
 
-        They are acknowledged (the run of ``signal_id`` receives them in
-        ``Signal.coalesced``, oldest first) and :attr:`on_coalesced` is told of
-        each. As in :meth:`skip_through`, when ``signal_id`` has not arrived, the
-        buffered signals sent no later than ``sent_at`` are carried, and so is
-        each such signal that arrives before it does. Of several requests, the
-        one of the newest signal wins: an older one changes nothing.
+        The run of ``signal_id`` receives them in ``Signal.coalesced``, oldest
+        first; each is acknowledged when it reaches this inbox, not before, so
+        a signal this owner had no time to read stays in the log for the next.
+        :attr:`on_coalesced` is told of each as soon as it is known to be
+        replaced: a signal waiting here, or one whose request named it (it is
+        read one at a time behind the active run's). As in
+        :meth:`skip_through`, when ``signal_id`` has not arrived the signals
+        sent no later than ``sent_at`` are carried as they arrive; of several
+        requests, the one of the newest signal is the one that runs.
         """
         target = self._carry_until
         if target is not None and target[0] != signal_id and target[1] > sent_at:
+            self._announce(signal_id, target[0])  # an older request: carried into the newer
             return
         waiting = [p.signal.id for p in self.buffer]
         if signal_id in waiting:
             older = [self.buffer.popleft() for _ in range(waiting.index(signal_id))]
             self._carry_until = None
         else:
+            if target is not None and target[0] != signal_id:
+                self._announce(target[0], signal_id)
             self._carry_until = (signal_id, sent_at)
             older = [p for p in self.buffer if p.signal.sent_at <= sent_at]
             for pending in older:
@@ -282,10 +290,22 @@ class Inbox:
             head = self.buffer[0]
             head.signal = self._with_carried(head.signal)
 
+    def _announce(self, signal_id: str, into: str) -> None:
+        """``signal_id``, not read yet, will be carried into ``into``: say so now."""
+        if signal_id in self._announced or any(s.id == signal_id for s in self._carried):
+            return
+        if len(self._announced) >= _TAKEN_KEPT:
+            self._announced.clear()
+        self._announced.add(signal_id)
+        self._on_coalesced(signal_id, into)
+
     def _carry(self, signal: Signal, into: str) -> None:
         self._carried.extend(signal.coalesced)
         self._carried.append(replace(signal, coalesced=()))
-        self._on_coalesced(signal, into)
+        if signal.id in self._announced:
+            self._announced.discard(signal.id)
+        else:
+            self._on_coalesced(signal.id, into)
 
     def _with_carried(self, signal: Signal) -> Signal:
         carried, self._carried = self._carried, []

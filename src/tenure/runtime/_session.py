@@ -112,12 +112,12 @@ class Session:
             detail="skipped",
         )
 
-    def _coalesced(self, signal: Signal, into: str) -> None:
+    def _coalesced(self, signal_id: str, into: str) -> None:
         self._ctx.emit(
             "coalesced",
             self.thread_key,
             run_id=self.run_id,
-            signal_id=signal.id,
+            signal_id=signal_id,
             detail=f"into {into}",
         )
 
