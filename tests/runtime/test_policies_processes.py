@@ -102,26 +102,27 @@ async def test_the_owner_killed_while_signals_wait_loses_nothing_its_policy_does
     stored = [d["signal_id"] for d in sent if d["outcome"] != "rejected"]
     workers = [owner, heir, sender]
 
-    def taken_by_survivors() -> set[str]:
-        return {d["sid"] for w in (heir, sender) for d in w.of("done")}
+    def ran() -> set[str]:
+        # interrupt and rollback unblock the owner: it may finish before it is killed.
+        return {d["sid"] for w in workers for d in w.of("done")}
 
     def coalesced() -> set[str]:
-        into = {c for w in (heir, sender) for d in w.of("take") for c in d["coalesced"]}
+        into = {c for w in workers for d in w.of("take") for c in d["coalesced"]}
         return into | {e["sid"] for e in coalesced_events(workers)}
 
     if policy == "reject":
         assert stored == []
         # The blocked signal, never acknowledged, runs again elsewhere (attempt 2 passes).
-        await eventually(lambda: busy["signal_id"] in taken_by_survivors(), timeout=60)
+        await eventually(lambda: busy["signal_id"] in ran(), timeout=60)
         return
     last = stored[-1]
-    await eventually(lambda: last in taken_by_survivors(), timeout=60)
+    await eventually(lambda: last in ran(), timeout=60)
     await asyncio.sleep(0.5)
     if policy == "enqueue":
-        assert set(stored) <= taken_by_survivors()
+        assert set(stored) <= ran()
     elif policy == "coalesce":
-        assert set(stored) <= taken_by_survivors() | coalesced()
+        assert set(stored) <= ran() | coalesced()
     else:
         # interrupt/rollback: each newer signal may skip the older ones; the newest runs.
-        assert last in taken_by_survivors()
-    assert_never_two_runs([heir, sender], "thread")
+        assert last in ran()
+    assert_never_two_runs(workers, "thread")
