@@ -7,11 +7,22 @@ The cross-process versions are in ``test_policies_processes.py``.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tenure import InvalidArgument, MemoryPubSub, RuntimeEvent, Signal, ThreadRun, ThreadRuntime
+from tenure import (
+    Event,
+    InvalidArgument,
+    MemoryPubSub,
+    RuntimeEvent,
+    Signal,
+    ThreadRun,
+    ThreadRuntime,
+    from_url,
+)
+from tenure.runtime._log import INTERRUPT, SIGNAL_TYPE
 from tenure.testing import eventually
 
 OPTIONS: dict[str, Any] = {"idle_timeout": 0.05, "sweep_interval": 60}
@@ -182,3 +193,66 @@ async def test_a_failing_rollback_hook_is_visible_and_the_next_run_still_starts(
 def test_on_rollback_must_be_callable() -> None:
     with pytest.raises(InvalidArgument, match="on_rollback"):
         ThreadRuntime(MemoryPubSub(), Blocking(), on_rollback=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("policy", ["rollback", "coalesce"])
+async def test_a_late_request_never_affects_a_newer_signal(tmp_path: Path, policy: str) -> None:
+    # A sender elsewhere stores A, then (a round trip later) the request of A's
+    # policy, read by the owner on another subscription: it comes after A ran,
+    # while B (sent after A) runs and C waits. It must neither roll back B nor
+    # carry C off. D's request, read after A's, then acts as it should.
+    taken: list[tuple[str, Signal]] = []
+    rolled: list[str] = []
+
+    async def handler(run: ThreadRun) -> None:
+        try:
+            async for signal in run.signals():
+                taken.append((run.run_id, signal))
+                if signal.payload == "B":
+                    await asyncio.wait_for(
+                        asyncio.Event().wait(), 1 if policy == "coalesce" else 60
+                    )
+        except TimeoutError:
+            taken.extend([(run.run_id, signal) async for signal in run.signals()])
+
+    def on_rollback(thread_key: str, run_id: str) -> None:
+        rolled.append(run_id)
+
+    async with (
+        from_url(f"sqlite:///{tmp_path / 'tenure.db'}") as sqlite,
+        ThreadRuntime(sqlite, handler, idle_timeout=10, on_rollback=on_rollback) as rt,
+    ):
+        log: Any = sqlite
+        await rt.send_signal("t", "start")
+
+        async def sent_elsewhere(payload: str) -> Event:
+            data = {"thread": "t", "payload": payload, "policy": policy}
+            stored: Event = await log.publish(rt.topic("t"), Event(SIGNAL_TYPE, data))
+            return stored
+
+        async def request(signal: Event) -> None:
+            data = {"signal": signal.id, "sent_at": signal.created_at, "policy": policy}
+            await log.publish(rt.names.control("t"), Event(INTERRUPT, data))
+
+        def payloads() -> list[Any]:
+            return [s.payload for _, s in taken]
+
+        a = await sent_elsewhere("A")
+        await eventually(lambda: "A" in payloads())
+        await sent_elsewhere("B")
+        await eventually(lambda: "B" in payloads())
+        await sent_elsewhere("C")
+        await request(a)  # late: A ran already
+        d = await sent_elsewhere("D")
+        await request(d)
+        await eventually(lambda: "D" in payloads())
+    runs = {payload: run for run, s in taken for payload in [s.payload]}
+    if policy == "rollback":
+        assert payloads() == ["start", "A", "B", "D"]  # C, sent before D, was skipped
+        assert rolled == [runs["B"]]
+    else:
+        # C was carried into D; B went on (it ends on its own timeout, not cancelled).
+        assert payloads() == ["start", "A", "B", "D"]
+        assert [s.payload for s in taken[-1][1].coalesced] == ["C"]
+        assert rolled == []
