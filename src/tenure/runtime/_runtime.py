@@ -24,11 +24,16 @@ With the default settings, on a backend that carries signals between processes
   signal_id=...)`` makes a retried send store nothing new.
 - **Injective names.** ``(namespace, thread_key)`` pairs never share a lease key
   or topic (see :mod:`tenure.runtime._names`).
-- **Double-texting policy.** ``enqueue`` (default): a new signal waits for the
+- **Double-texting policy**, per runtime and per send (the owner applies the
+  sender's). ``enqueue`` (default): a new signal waits for the
   active run. ``interrupt``: the active run is cancelled (``run.interrupted``)
   and the next run starts with the new signal; signals waiting before it are
-  skipped. ``reject``: ``send_signal`` answers ``"rejected"`` and stores nothing
-  while a run of the thread is active anywhere.
+  skipped. ``rollback``: ``interrupt``, and ``on_rollback(thread_key, run_id)``
+  for the cancelled run before the next one. ``coalesce``: of the signals
+  waiting behind the run only the newest runs, with the others in
+  ``Signal.coalesced``. ``reject``: ``send_signal`` answers ``"rejected"`` and
+  stores nothing while a run of the thread is active anywhere. Exact
+  semantics, also when the owner dies: ``docs/policies.md``.
 
 Design
 ------
@@ -163,8 +168,11 @@ class ThreadRuntime(AsyncCloseable):
     ``unsubscribe_timeout`` (seconds a closing session waits for the backend's
     ``unsubscribe``, default 5 s), ``cancel_on_loss`` (cancel the handler when
     the lease is lost, default true), ``policy`` (``"enqueue"``,
-    ``"interrupt"`` or ``"reject"``: what a new signal does to an active run),
-    ``namespace`` (keeps applications apart; default ``"tenure.thread"``).
+    ``"interrupt"``, ``"rollback"``, ``"coalesce"`` or ``"reject"``: what a new
+    signal does to an active run, unless its send chooses), ``namespace``
+    (keeps applications apart; default ``"tenure.thread"``), ``on_rollback``
+    (called as ``on_rollback(thread_key, run_id)``, sync or async, for a run a
+    ``rollback`` signal cancelled, before the thread's next run).
 
     ``on_event`` is called synchronously with a :class:`RuntimeEvent` at each
     step; an exception it raises is logged and ignored.
