@@ -1,6 +1,7 @@
 """Thread runtime benchmark: signal latency and throughput against raw pub/sub, in the same run.
 
-Usage: ``python benchmarks/runtime.py [--backend sqlite|redis|all] [--count N] [--burst M] [--rounds R]``
+Usage: ``python benchmarks/runtime.py [--backend sqlite|redis|all] [--count N] [--burst M] [--rounds R]
+[--policy coalesce|interrupt|rollback]``
 
 For each backend, two processes share it: this one sends, a child receives.
 
@@ -18,8 +19,17 @@ For each backend, two processes share it: this one sends, a child receives.
    published back to back to a group subscriber. The ratio is the median of
    the per-slice ratios, so a burst that a noisy moment hit counts once.
 
+With ``--policy P``, a third path in the same run, interleaved with the two
+others: ``send_signal(..., policy=P)`` to the same owner (whose own default is
+``enqueue``: the policy travels with the signal). A signal coalesced into a
+later one counts as received when the later one's run receives it; one an
+interrupt skipped is never received, and a burst ends at its last signal's
+receipt. ``reject`` is not measured: the child's run is always active, so
+nothing would be delivered.
+
 Goals: runtime latency at most 1.5 x the raw publish-to-subscriber latency;
-throughput at least 0.8 x raw.
+throughput at least 0.8 x raw; under ``--policy``, at least 0.9 x ``enqueue``
+(throughput), and latency at most 1.11 x ``enqueue``'s.
 Redis uses the shared server at ``TENURE_BENCH_REDIS_URL`` (default
 ``redis://127.0.0.1:6379/0``) under a prefix of its own, deleted at the end.
 """
@@ -42,11 +52,12 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, get_args
 
 import tenure
 from benchmarks._common import Figure, interleave, print_table, run, stamped, summary_ms
 from tenure import Event, ThreadRun, ThreadRuntime
+from tenure.runtime._types import Policy
 
 REDIS_URL = os.environ.get("TENURE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 THREAD = "bench-thread"
@@ -69,7 +80,8 @@ async def child(url: str) -> None:
         async for signal in run.signals():
             now = time.monotonic()
             if signal.payload != "warm-up":
-                say(kind="runtime", i=signal.payload["i"], recv=now, cpu=time.process_time())
+                for one in (*signal.coalesced, signal):
+                    say(kind="runtime", i=one.payload["i"], recv=now, cpu=time.process_time())
 
     async def on_raw(event: Event) -> None:
         say(kind="raw", i=event.data["i"], recv=time.monotonic(), cpu=time.process_time())
@@ -130,7 +142,7 @@ class Child:
 
 
 async def bench(
-    name: str, url: str, count: int, burst: int, rounds: int, gap: float
+    name: str, url: str, count: int, burst: int, rounds: int, gap: float, policy: Policy | None
 ) -> list[Figure]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -158,7 +170,13 @@ async def bench(
             # 1. latency, the two paths interleaved so both see the same load.
             raw: list[float] = []
             runtime: list[float] = []
+            under: list[float] = []
             for i in range(count):
+                if policy is not None:
+                    start = time.monotonic()
+                    await rt.send_signal(THREAD, {"i": -1_000_000 - i}, policy=policy)
+                    under.append((await kid.wait_for("runtime", -1_000_000 - i) - start) * 1000)
+                    await asyncio.sleep(gap)
                 start = time.monotonic()
                 await backend.publish(TOPIC, Event("bench", {"i": i}))
                 raw.append((await kid.wait_for("raw", i) - start) * 1000)
@@ -172,8 +190,8 @@ async def bench(
             # of each path per round, timed from its first send to its last
             # receipt. The sender's CPU time per send (a loaded machine disturbs
             # it less) and the receiver's are summed over the slices.
-            numbers = {"raw": 1_000_000, "runtime": 2_000_000}
-            cpu = {"raw": [0.0, 0.0], "runtime": [0.0, 0.0]}
+            numbers = {"raw": 1_000_000, "runtime": 2_000_000, "policy": 3_000_000}
+            cpu = {"raw": [0.0, 0.0], "runtime": [0.0, 0.0], "policy": [0.0, 0.0]}
 
             def burst_of(kind: str) -> Callable[[], Awaitable[tuple[float, float]]]:
                 async def one() -> tuple[float, float]:
@@ -183,18 +201,23 @@ async def bench(
                     for i in range(first, first + burst):
                         if kind == "raw":
                             await backend.publish(TOPIC, Event("bench", {"i": i}))
+                        elif kind == "policy":
+                            await rt.send_signal(THREAD, {"i": i}, policy=policy)
                         else:
                             await rt.send_signal(THREAD, {"i": i})
                     cpu[kind][0] += (time.process_time() - used) / burst * 1e6
-                    last = await kid.wait_for(kind, first + burst - 1, 120)
-                    cpu[kind][1] += kid.cpu_each(kind, first, burst)
+                    received = "raw" if kind == "raw" else "runtime"
+                    last = await kid.wait_for(received, first + burst - 1, 120)
+                    if kind != "policy":  # a skipped first signal has no receipt
+                        cpu[kind][1] += kid.cpu_each(received, first, burst)
                     return burst, last - start
 
                 return one
 
-            slices = await interleave(
-                {"runtime": burst_of("runtime"), "raw": burst_of("raw")}, rounds
-            )
+            cases = {"runtime": burst_of("runtime"), "raw": burst_of("raw")}
+            if policy is not None:
+                cases["policy"] = burst_of("policy")
+            slices = await interleave(cases, rounds)
     finally:
         await kid.stop()
 
@@ -222,7 +245,38 @@ async def bench(
         f"  ratio runtime/raw               : {through:.2f} median of per-slice ratios "
         f"(min {min(ratios):.2f}, max {max(ratios):.2f}; goal >= 0.8)"
     )
+    found: list[Figure] = []
+    if policy is not None:
+        lat = statistics.median(under) / statistics.median(runtime)
+        rate = slices.rate("policy")
+        print(f"[{name}] policy={policy} against enqueue, same run")
+        print(f"  latency  : {summary_ms(under)}  ratio {lat:.2f} (goal <= 1.11)")
+        print(
+            f"  throughput: {rate:9.0f} signals/s  ratio "
+            f"{slices.ratio('policy', 'runtime'):.2f} (goal >= 0.9)"
+        )
+        found += [
+            Figure(
+                name,
+                f"runtime: {policy} signal latency median vs enqueue",
+                statistics.median(under),
+                statistics.median(runtime),
+                "ms",
+                lat,
+                ("<=", 1.11),
+            ),
+            Figure(
+                name,
+                f"runtime: {policy} throughput through one thread vs enqueue",
+                rate,
+                rt_rate,
+                "/s",
+                slices.ratio("policy", "runtime"),
+                (">=", 0.9),
+            ),
+        ]
     return [
+        *found,
         Figure(
             name,
             "runtime: signal latency median vs raw publish -> subscriber",
@@ -249,7 +303,12 @@ async def _never_runs(run: ThreadRun) -> None:
 
 
 async def measure(
-    backends: list[str], count: int, burst: int, rounds: int, gap: float
+    backends: list[str],
+    count: int,
+    burst: int,
+    rounds: int,
+    gap: float,
+    policy: Policy | None = None,
 ) -> list[Figure]:
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
@@ -258,13 +317,15 @@ async def measure(
     found: list[Figure] = []
     if "sqlite" in backends:
         with tempfile.TemporaryDirectory() as tmp:
-            found += await bench("sqlite", f"sqlite:///{tmp}/bench.db", count, burst, rounds, gap)
+            found += await bench(
+                "sqlite", f"sqlite:///{tmp}/bench.db", count, burst, rounds, gap, policy
+            )
     if "redis" in backends:
         prefix = f"tenure-bench-{uuid.uuid4().hex[:8]}:"
         sep = "&" if "?" in REDIS_URL else "?"
         try:
             found += await bench(
-                "redis", f"{REDIS_URL}{sep}prefix={prefix}", count, burst, rounds, gap
+                "redis", f"{REDIS_URL}{sep}prefix={prefix}", count, burst, rounds, gap, policy
             )
         finally:
             # Imported by name: benchmarks/redis.py shadows the package for mypy.
@@ -289,6 +350,11 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=FULL[1], help="signals per throughput slice")
     parser.add_argument("--rounds", type=int, default=FULL[2], help="throughput slices per path")
     parser.add_argument("--gap", type=float, default=0.002, help="seconds between samples")
+    parser.add_argument(
+        "--policy",
+        choices=[p for p in get_args(Policy) if p not in ("enqueue", "reject")],
+        help="also measure sends under this policy against enqueue",
+    )
     parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -296,7 +362,7 @@ def main() -> None:
         return
     backends = ["sqlite", "redis"] if args.backend == "all" else [args.backend]
     with stamped("runtime"):
-        found = run(measure(backends, args.count, args.burst, args.rounds, args.gap))
+        found = run(measure(backends, args.count, args.burst, args.rounds, args.gap, args.policy))
     print_table(found)
 
 

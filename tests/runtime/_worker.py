@@ -1,7 +1,7 @@
 """A runtime process for the multi-process tests: ``python _worker.py URL PROCESS_ID [options]``.
 
 Reads JSON commands on stdin (``{"id": n, "op": "send", "thread": ..., "payload": ...}``,
-optionally with ``"signal_id"``,
+optionally with ``"signal_id"`` and ``"policy"``,
 ``{"op": "quit"}``) and writes one JSON document per line on stdout, flushed at
 once, so the parent sees everything that happened before it kills the process:
 
@@ -13,7 +13,9 @@ once, so the parent sees everything that happened before it kills the process:
 
 ``t`` is ``time.monotonic()``, one timeline for every process of the host. A
 payload ``{"block": true}`` makes the handler wait forever on that signal
-the first time it is delivered (a redelivery passes).
+the first time it is delivered (a redelivery passes); ``{"hold": path}``
+makes it wait until the file ``path`` exists. A ``take`` names the ids of the
+signals coalesced into the one taken (``"coalesced"``).
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import asyncio
 import json
 import sys
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, get_args
 
 import tenure
 from tenure import RuntimeEvent, ThreadRun, ThreadRuntime
+from tenure.runtime._types import Policy
 
 
 def say(**doc: Any) -> None:
@@ -43,7 +47,7 @@ async def main() -> None:
     parser.add_argument("--work-ms", type=float, default=0.0)
     parser.add_argument("--one-per-run", action="store_true")
     parser.add_argument("--namespace", default="tenure.thread")
-    parser.add_argument("--policy", default="enqueue", choices=["enqueue", "interrupt", "reject"])
+    parser.add_argument("--policy", default="enqueue", choices=get_args(Policy))
     parser.add_argument(
         "--slow-release-ms",
         type=float,
@@ -70,10 +74,15 @@ async def main() -> None:
                     "payload": signal.payload,
                     "attempt": signal.attempt,
                 }
-                say(op="take", t=time.monotonic(), **doc)
+                coalesced = [s.id for s in signal.coalesced]
+                say(op="take", t=time.monotonic(), coalesced=coalesced, **doc)
                 blocking = isinstance(signal.payload, dict) and signal.payload.get("block")
                 if blocking and signal.attempt == 1:
                     await asyncio.Event().wait()
+                hold = isinstance(signal.payload, dict) and signal.payload.get("hold")
+                # Another process makes the file: nothing here to wait on but the disk.
+                while hold and not await asyncio.to_thread(Path(hold).exists):  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
                 if args.work_ms:
                     await asyncio.sleep(args.work_ms / 1000)
                 say(op="done", t=time.monotonic(), **doc)
@@ -156,7 +165,10 @@ async def serve(
 
         async def send(cmd: dict[str, Any]) -> None:
             result = await runtime.send_signal(
-                cmd["thread"], cmd["payload"], signal_id=cmd.get("signal_id")
+                cmd["thread"],
+                cmd["payload"],
+                signal_id=cmd.get("signal_id"),
+                policy=cmd.get("policy"),
             )
             say(
                 op="sent",

@@ -67,11 +67,14 @@ class Worker:
                     raise AssertionError(f"{self.name} exited: {self.lines[-5:]}")
                 await self.changed.wait()
 
-    async def send(self, thread: str, payload: Any, signal_id: str | None = None) -> Doc:
+    async def send(
+        self, thread: str, payload: Any, signal_id: str | None = None, policy: str | None = None
+    ) -> Doc:
         self._ids += 1
         n = self._ids
         assert self.proc.stdin is not None
         cmd = {"op": "send", "id": n, "thread": thread, "payload": payload, "signal_id": signal_id}
+        cmd["policy"] = policy
         self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
         await self.proc.stdin.drain()
         await self.wait(lambda: bool(self.of("sent", id=n)))

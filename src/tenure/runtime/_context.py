@@ -21,7 +21,9 @@ from ._observe import Emit
 from ._policies import SendRule
 from ._run import Handler
 
-__all__ = ["SessionContext", "Settings"]
+__all__ = ["OnRollback", "SessionContext", "Settings"]
+
+OnRollback = Callable[[str, str], Awaitable[None] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,9 @@ class Settings:
     unsubscribe_timeout: float
     cancel_on_loss: bool
     process_id: str
+    #: Called as ``on_rollback(thread_key, run_id)`` for a run a ``rollback``
+    #: signal interrupted, before the thread's next run starts.
+    on_rollback: OnRollback | None = None
 
     @classmethod
     def check(
@@ -51,8 +56,11 @@ class Settings:
         unsubscribe_timeout: float,
         cancel_on_loss: bool,
         process_id: str | None,
+        on_rollback: OnRollback | None = None,
     ) -> Settings:
         """The settings, or ``InvalidArgument`` naming the first bad one."""
+        if on_rollback is not None and not callable(on_rollback):
+            raise InvalidArgument(f"on_rollback must be callable, got {type(on_rollback).__name__}")
         ttl_ms = check_ttl(ttl_ms)
         every, deadline = renew_timing(ttl_ms, renew_every_ms, renew_deadline_ms)
         idle_timeout = _positive(idle_timeout, "idle_timeout")
@@ -70,6 +78,7 @@ class Settings:
             process_id=check_name(
                 process_id if process_id is not None else uuid.uuid4().hex[:12], "process_id"
             ),
+            on_rollback=on_rollback,
         )
 
 

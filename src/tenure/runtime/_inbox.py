@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .._errors import TenureError
@@ -64,7 +64,9 @@ class Inbox:
     ``takes()`` says whether the session may still take signals (it is not
     done and its lease is held, judged on the clock); ``lost`` is set when the
     lease is lost; ``on_skipped`` is told of each signal that arrives after a
-    request skipped it (see :meth:`skip_through`).
+    request skipped it (see :meth:`skip_through`); ``on_coalesced(signal_id,
+    into)`` of each signal settled as coalesced into ``into`` (see
+    :meth:`carry_through`).
     """
 
     def __init__(
@@ -74,12 +76,14 @@ class Inbox:
         takes: Callable[[], bool],
         lost: asyncio.Event,
         on_skipped: Callable[[Signal], None],
+        on_coalesced: Callable[[str, str], None],
     ) -> None:
         self.thread_key = thread_key
         self._sid = sid
         self._takes = takes
         self._lost = lost
         self._on_skipped = on_skipped
+        self._on_coalesced = on_coalesced
         self.buffer: deque[Pending] = deque()
         self.inflight: dict[str, Pending] = {}
         self.arrived = asyncio.Event()
@@ -88,6 +92,12 @@ class Inbox:
         # Set by a request whose signal has not arrived yet: (its id, its send time).
         self._skip_until: tuple[str, float] | None = None
         self._taken: OrderedDict[str, None] = OrderedDict()
+        # Set by a coalescing request whose signal has not arrived yet: (its id,
+        # its send time); and the signals carried into it meanwhile, in order.
+        self._carry_until: tuple[str, float] | None = None
+        self._carried: list[Signal] = []
+        # Ids already told to on_coalesced before they arrived.
+        self._announced: set[str] = set()
         # The idle timer of the waits, and the deadline of the wait under way
         # (the loop's clock); see wait().
         self._timer: asyncio.TimerHandle | None = None
@@ -109,15 +119,18 @@ class Inbox:
             # after a pause) holds it until it unsubscribes and hands it back.
             await _block_until_cancelled()
         data = event.data
-        signal = Signal(
+        arrived = Signal(
             id=event.id or "",
             thread_key=data["thread"],
             payload=data["payload"],
             sent_at=event.created_at or 0.0,
             attempt=event.attempt,
         )
-        if self._skipped(signal):
+        if self._skipped(arrived):
             return  # acknowledged unhandled: a request came after it
+        signal = self._carried_into(arrived)
+        if signal is None:
+            return  # settled as coalesced into a newer signal
         pending = self.inflight.get(signal.id)
         if pending is None:
             pending = Pending(signal)
@@ -241,6 +254,74 @@ class Inbox:
             return False
         self._on_skipped(signal)
         return True
+
+    def carry_through(self, signal_id: str, sent_at: float) -> None:
+        """Settle as coalesced into ``signal_id`` the signals waiting before it.
+
+        The run of ``signal_id`` receives them in ``Signal.coalesced``, oldest
+        first; each is acknowledged when it reaches this inbox, not before, so
+        a signal this owner had no time to read stays in the log for the next.
+        :attr:`on_coalesced` is told of each as soon as it is known to be
+        replaced: a signal waiting here, or one whose request named it (it is
+        read one at a time behind the active run's). As in
+        :meth:`skip_through`, when ``signal_id`` has not arrived the signals
+        sent no later than ``sent_at`` are carried as they arrive; of several
+        requests, the one of the newest signal is the one that runs.
+        """
+        target = self._carry_until
+        if target is not None and target[0] != signal_id and target[1] > sent_at:
+            self._announce(signal_id, target[0])  # an older request: carried into the newer
+            return
+        waiting = [p.signal.id for p in self.buffer]
+        if signal_id in waiting:
+            older = [self.buffer.popleft() for _ in range(waiting.index(signal_id))]
+            self._carry_until = None
+        else:
+            if target is not None and target[0] != signal_id:
+                self._announce(target[0], signal_id)
+            self._carry_until = (signal_id, sent_at)
+            older = [p for p in self.buffer if p.signal.sent_at <= sent_at]
+            for pending in older:
+                self.buffer.remove(pending)
+        for pending in older:
+            self._carry(pending.signal, signal_id)
+            settle(pending, "ack")
+        if signal_id in waiting:
+            head = self.buffer[0]
+            head.signal = self._with_carried(head.signal)
+
+    def _announce(self, signal_id: str, into: str) -> None:
+        """``signal_id``, not read yet, will be carried into ``into``: say so now."""
+        if signal_id in self._announced or any(s.id == signal_id for s in self._carried):
+            return
+        if len(self._announced) >= _TAKEN_KEPT:
+            self._announced.clear()
+        self._announced.add(signal_id)
+        self._on_coalesced(signal_id, into)
+
+    def _carry(self, signal: Signal, into: str) -> None:
+        self._carried.extend(signal.coalesced)
+        self._carried.append(replace(signal, coalesced=()))
+        if signal.id in self._announced:
+            self._announced.discard(signal.id)
+        else:
+            self._on_coalesced(signal.id, into)
+
+    def _with_carried(self, signal: Signal) -> Signal:
+        carried, self._carried = self._carried, []
+        return replace(signal, coalesced=(*carried, *signal.coalesced)) if carried else signal
+
+    def _carried_into(self, signal: Signal) -> Signal | None:
+        """``signal`` as a run should see it under a coalescing request, or
+        ``None`` when it is carried into the requesting signal."""
+        if self._carry_until is None:
+            return signal
+        signal_id, sent_at = self._carry_until
+        if signal.id == signal_id or signal.sent_at > sent_at:
+            self._carry_until = None
+            return self._with_carried(signal)
+        self._carry(signal, signal_id)
+        return None
 
     # -- the end ---------------------------------------------------------------
 

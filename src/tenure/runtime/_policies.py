@@ -29,18 +29,23 @@ class SendRule:
     then looks for the run before storing). ``cancels_run``: the active run is
     cancelled (``run.interrupted`` is set) and the next one starts with the new
     signal. ``drops_older``: the signals waiting before it are acknowledged
-    unhandled.
+    unhandled. ``carries_older``: the signals waiting before it are settled as
+    coalesced into it and handed to its run with it (``Signal.coalesced``).
+    ``rolls_back``: the run it cancels is rolled back (the runtime's
+    ``on_rollback``) before the next run starts.
     """
 
     name: Policy
     admitted_while_active: bool = True
     cancels_run: bool = False
     drops_older: bool = False
+    carries_older: bool = False
+    rolls_back: bool = False
 
     @property
     def tells_owner(self) -> bool:
         """Whether the owner must hear of the signal at once, ahead of the log's order."""
-        return self.cancels_run or self.drops_older
+        return self.cancels_run or self.drops_older or self.carries_older
 
 
 RULES: dict[str, SendRule] = {
@@ -49,6 +54,8 @@ RULES: dict[str, SendRule] = {
         SendRule("enqueue"),
         SendRule("interrupt", cancels_run=True, drops_older=True),
         SendRule("reject", admitted_while_active=False),
+        SendRule("coalesce", carries_older=True),
+        SendRule("rollback", cancels_run=True, drops_older=True, rolls_back=True),
     )
 }
 
@@ -70,27 +77,34 @@ def overtake(
     inbox: Inbox,
     signal_id: str,
     sent_at: float,
-) -> None:
+) -> bool:
     """At the owner: apply ``rule`` for the newer signal ``signal_id`` (sent at ``sent_at``).
 
     Only an active run is overtaken, once, and only for signals sent before
     ``signal_id``, whatever order the owner reads the signal and the request in:
     a request whose signal a run of this session took already comes too late and
     changes nothing, and a run handling a signal sent after ``signal_id`` (by the
-    senders' clocks) goes on.
+    senders' clocks) goes on. Returns whether the run was cancelled.
+
+    A coalescing signal cancels nothing: the signals waiting before it are
+    carried into it (:meth:`~._inbox.Inbox.carry_through`).
     """
     if not rule.tells_owner or run is None or task is None or task.done() or run.interrupted:
-        return
+        return False
     if inbox.was_taken(signal_id):
-        return  # handled, or being handled: nothing sent before it waits any more
+        return False  # handled, or being handled: nothing sent before it waits any more
+    if rule.carries_older:
+        inbox.carry_through(signal_id, sent_at)
+        return False
     current = current_signal(run)
     newer_runs = current is not None and current.sent_at > sent_at
     skipped = inbox.skip_through(signal_id, sent_at) if rule.drops_older else []
     if newer_runs and not skipped:
-        return
+        return False
     cancel = rule.cancels_run and not newer_runs
     if cancel:
         run.interrupted = True
     run.emit("interrupted", signal_id, f"{len(skipped)} waiting signal(s) skipped")
     if cancel:
         stop(run, task, "interrupted", f"interrupted by signal {signal_id}")
+    return cancel

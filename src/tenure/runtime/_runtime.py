@@ -24,11 +24,16 @@ With the default settings, on a backend that carries signals between processes
   signal_id=...)`` makes a retried send store nothing new.
 - **Injective names.** ``(namespace, thread_key)`` pairs never share a lease key
   or topic (see :mod:`tenure.runtime._names`).
-- **Double-texting policy.** ``enqueue`` (default): a new signal waits for the
+- **Double-texting policy**, per runtime and per send (the owner applies the
+  sender's). ``enqueue`` (default): a new signal waits for the
   active run. ``interrupt``: the active run is cancelled (``run.interrupted``)
   and the next run starts with the new signal; signals waiting before it are
-  skipped. ``reject``: ``send_signal`` answers ``"rejected"`` and stores nothing
-  while a run of the thread is active anywhere.
+  skipped. ``rollback``: ``interrupt``, and ``on_rollback(thread_key, run_id)``
+  for the cancelled run before the next one. ``coalesce``: of the signals
+  waiting behind the run only the newest runs, with the others in
+  ``Signal.coalesced``. ``reject``: ``send_signal`` answers ``"rejected"`` and
+  stores nothing while a run of the thread is active anywhere. Exact
+  semantics, also when the owner dies: ``docs/policies.md``.
 
 Design
 ------
@@ -52,7 +57,7 @@ from .._errors import BackendClosed, ConfigurationError, InvalidArgument
 from .._lifecycle import AsyncCloseable
 from .._pubsub import check_data
 from .._validate import check_name
-from ._context import Settings
+from ._context import OnRollback, Settings
 from ._identity import run_of
 from ._locks import KeyLocks
 from ._log import CLOSE_MARKER, GROUP, SIGNAL_TYPE, EventSource, log_for, provider_for
@@ -90,8 +95,11 @@ class ThreadRuntime(AsyncCloseable):
     ``unsubscribe_timeout`` (seconds a closing session waits for the backend's
     ``unsubscribe``, default 5 s), ``cancel_on_loss`` (cancel the handler when
     the lease is lost, default true), ``policy`` (``"enqueue"``,
-    ``"interrupt"`` or ``"reject"``: what a new signal does to an active run),
-    ``namespace`` (keeps applications apart; default ``"tenure.thread"``).
+    ``"interrupt"``, ``"rollback"``, ``"coalesce"`` or ``"reject"``: what a new
+    signal does to an active run, unless its send chooses), ``namespace``
+    (keeps applications apart; default ``"tenure.thread"``), ``on_rollback``
+    (called as ``on_rollback(thread_key, run_id)``, sync or async, for a run a
+    ``rollback`` signal cancelled, before the thread's next run).
 
     ``on_event`` is called synchronously with a :class:`RuntimeEvent` at each
     step; an exception it raises is logged and ignored.
@@ -118,6 +126,7 @@ class ThreadRuntime(AsyncCloseable):
         policy: Policy = "enqueue",
         namespace: str = "tenure.thread",
         output: Retention | bool = False,
+        on_rollback: OnRollback | None = None,
     ) -> None:
         if not callable(handler):
             raise InvalidArgument(f"handler must be callable, got {type(handler).__name__}")
@@ -131,6 +140,7 @@ class ThreadRuntime(AsyncCloseable):
             unsubscribe_timeout=unsubscribe_timeout,
             cancel_on_loss=cancel_on_loss,
             process_id=process_id,
+            on_rollback=on_rollback,
         )
         if on_event is not None and not callable(on_event):
             raise InvalidArgument(f"on_event must be callable, got {type(on_event).__name__}")
@@ -138,6 +148,7 @@ class ThreadRuntime(AsyncCloseable):
         self.names = ThreadNames(namespace)
         provider = provider_for(backend, lease_provider)
         self.settings, self.policy, self.backend = settings, rule.name, backend
+        self._rule = rule
         self.process_id, self.namespace = settings.process_id, self.names.namespace
         self.provider = provider
         self.log, self._owns_log = log_for(backend, provider, self)
@@ -149,9 +160,7 @@ class ThreadRuntime(AsyncCloseable):
         self._sessions = Sessions(
             settings, self.names, self.log, provider, handler, rule, observer.emit, self.poke
         )
-        self._sender = Sender(
-            self.names, self.log, rule, self._sessions, self._locks.hold, observer.emit
-        )
+        self._sender = Sender(self.names, self.log, self._sessions, self._locks.hold, observer.emit)
         self._sweeper = Sweeper(
             self.log, self.names, self._sessions, self._locks.hold, settings.sweep_interval
         )
@@ -245,7 +254,12 @@ class ThreadRuntime(AsyncCloseable):
     # -- sending --------------------------------------------------------------
 
     async def send_signal(
-        self, thread_key: str, payload: Any, *, signal_id: str | None = None
+        self,
+        thread_key: str,
+        payload: Any,
+        *,
+        signal_id: str | None = None,
+        policy: Policy | None = None,
     ) -> SendResult:
         """Make ``payload`` a durable signal of ``thread_key`` and see that a run reads it.
 
@@ -259,10 +273,17 @@ class ThreadRuntime(AsyncCloseable):
         (the outcome is then unknown) can simply send again. Without it the
         backend gives the signal a new random id, and keeps no record to
         deduplicate it by (nobody could send it again): such a send costs what
-        a plain ``publish`` does. Raises :class:`~tenure.InvalidArgument` for a
-        bad key, id or a payload that is not JSON-serialisable, and
+        a plain ``publish`` does.
+
+        ``policy`` (default: the runtime's ``policy``) is what this signal does
+        to the thread's active run; it travels with the signal, so the owner
+        applies it whatever its own default (see ``docs/policies.md``).
+
+        Raises :class:`~tenure.InvalidArgument` for a bad key, id, policy or a
+        payload that is not JSON-serialisable, and
         :class:`~tenure.BackendClosed` after ``aclose()``.
         """
+        rule = self._rule if policy is None else rule_for(policy)
         self.names.name(thread_key)
         if signal_id is not None:
             check_name(signal_id, "signal_id")
@@ -270,9 +291,9 @@ class ThreadRuntime(AsyncCloseable):
         if self._sweep_task is None or self.closed:
             await self.start()  # raises BackendClosed after aclose()
         if self._outputs is None:
-            return await self._sender.send(thread_key, payload, signal_id)
+            return await self._sender.send(thread_key, payload, signal_id, rule)
         after = await self._outputs.head(thread_key)
-        result = await self._sender.send(thread_key, payload, signal_id)
+        result = await self._sender.send(thread_key, payload, signal_id, rule)
         return dataclasses.replace(result, output_after=after)
 
     # -- replies ----------------------------------------------------------------

@@ -43,20 +43,18 @@ NO_HOLDER_WAIT = 65.0
 
 
 class Sender:
-    """The sends of one runtime, under its policy's ``rule``."""
+    """The sends of one runtime; each send under the rule its caller chose."""
 
     def __init__(
         self,
         names: ThreadNames,
         log: RuntimeLog,
-        rule: SendRule,
         sessions: Sessions,
         thread_lock: Callable[[str], AbstractAsyncContextManager[None]],
         emit: Emit,
     ) -> None:
         self._names = names
         self._log = log
-        self._rule = rule
         self._sessions = sessions
         self._thread_lock = thread_lock
         self._emit = emit
@@ -64,14 +62,17 @@ class Sender:
         # (time.monotonic()) a send skips the lease attempt.
         self._held_elsewhere: dict[str, tuple[str, float]] = {}
 
-    async def send(self, thread_key: str, payload: Any, signal_id: str | None) -> SendResult:
-        """``ThreadRuntime.send_signal`` once its arguments are checked."""
-        name, rule = self._names.name(thread_key), self._rule
-        event = Event(SIGNAL_TYPE, {"thread": thread_key, "payload": payload}, None, signal_id)
+    async def send(
+        self, thread_key: str, payload: Any, signal_id: str | None, rule: SendRule
+    ) -> SendResult:
+        """``ThreadRuntime.send_signal`` once its arguments are checked, under ``rule``."""
+        name = self._names.name(thread_key)
+        data = {"thread": thread_key, "payload": payload, "policy": rule.name}
+        event = Event(SIGNAL_TYPE, data, None, signal_id)
         async with self._thread_lock(thread_key):
             session = self._sessions.get(thread_key)
             if session is not None and not session.done:
-                return await self._to_session_here(session, name, event)
+                return await self._to_session_here(session, name, event, rule)
             held = self._held_elsewhere.get(thread_key)
             if held is not None and time.monotonic() < held[1] and rule.admitted_while_active:
                 # A run elsewhere held the thread a moment ago: it reads the signal
@@ -83,9 +84,9 @@ class Sender:
                     held[0],
                 )
             elif rule.admitted_while_active and self._sessions.knows(name):
-                outcome = await self._publish_and_try(thread_key, name, event)
+                outcome = await self._publish_and_try(thread_key, name, event, rule)
             else:
-                outcome = await self._lease_first(thread_key, name, event)
+                outcome = await self._lease_first(thread_key, name, event, rule)
             if isinstance(outcome, SendResult):
                 return outcome
             stored, owner = outcome
@@ -93,23 +94,26 @@ class Sender:
                 # The owner reads signals one at a time: tell it at once, out of band.
                 request = {"signal": stored.id, "sent_at": stored.created_at, "policy": rule.name}
                 await self._log.publish(self._names.control(thread_key), Event(INTERRUPT, request))
-            return self._delivered(thread_key, run_of(owner), stored)
+            return self._delivered(thread_key, run_of(owner), stored, rule)
 
-    def _delivered(self, thread_key: str, run_id: str | None, stored: Event) -> SendResult:
+    def _delivered(
+        self, thread_key: str, run_id: str | None, stored: Event, rule: SendRule
+    ) -> SendResult:
         self._emit("deliver", thread_key, run_id=run_id, signal_id=stored.id)
-        return SendResult("deliver", run_id, stored.id or "", thread_key)
+        return SendResult("deliver", run_id, stored.id or "", thread_key, policy=rule.name)
 
-    async def _to_session_here(self, session: Session, name: str, event: Event) -> SendResult:
+    async def _to_session_here(
+        self, session: Session, name: str, event: Event, rule: SendRule
+    ) -> SendResult:
         """The thread's session is open in this process: store the signal for it."""
-        rule = self._rule
         if not rule.admitted_while_active and session.run is not None:
-            return self._rejected(session.thread_key, session.run_id, event.id)
+            return self._rejected(session.thread_key, session.run_id, event.id, rule)
         stored = await self._log.publish(name, event)
         session.sent_here(rule, stored.id or "", stored.created_at or time.time())
-        return self._delivered(session.thread_key, session.run_id, stored)
+        return self._delivered(session.thread_key, session.run_id, stored, rule)
 
     async def _publish_and_try(
-        self, thread_key: str, name: str, event: Event
+        self, thread_key: str, name: str, event: Event, rule: SendRule
     ) -> SendResult | tuple[Event, str | None]:
         """The thread's group exists: store the signal and try the lease at once, so
         a send costs one round trip's wait, not two (a pipelined connection carries
@@ -129,13 +133,13 @@ class Sender:
             await asyncio.gather(publishing, return_exceptions=True)
             raise
         if started is not None:
-            return await self._woke(started, publishing)
+            return await self._woke(started, publishing, rule)
         stored = await publishing
         self._held_by(thread_key, owner, tried)
         return stored, owner
 
     async def _lease_first(
-        self, thread_key: str, name: str, event: Event
+        self, thread_key: str, name: str, event: Event, rule: SendRule
     ) -> SendResult | tuple[Event, str | None]:
         """The group may not exist yet (a signal published before it would be
         skipped), or the rule must see the run before storing: take the lease
@@ -145,9 +149,9 @@ class Sender:
         while True:
             started, owner = await self._sessions.try_start(thread_key)
             if started is not None:
-                return await self._woke(started, self._log.publish(name, event))
-            if not self._rule.admitted_while_active and owner is not None:
-                return self._rejected(thread_key, run_of(owner), event.id)
+                return await self._woke(started, self._log.publish(name, event), rule)
+            if not rule.admitted_while_active and owner is not None:
+                return self._rejected(thread_key, run_of(owner), event.id, rule)
             if owner is None and time.monotonic() >= give_up:
                 raise BackendUnavailable(
                     f"the lease of thread {thread_key!r} was refused without a holder "
@@ -165,7 +169,9 @@ class Sender:
             self._sessions.remember(name)
             return stored, owner
 
-    async def _woke(self, session: Session, publishing: Awaitable[Event]) -> SendResult:
+    async def _woke(
+        self, session: Session, publishing: Awaitable[Event], rule: SendRule
+    ) -> SendResult:
         """Finish a send that opened the thread's session here: wait for the
         signal to be stored, then announce the wake-up and start the session.
 
@@ -187,13 +193,17 @@ class Sender:
             signal_id=stored.id,
         )
         await self._sessions.start_woken(session)
-        return SendResult("wake", session.run_id, stored.id or "", session.thread_key)
+        return SendResult(
+            "wake", session.run_id, stored.id or "", session.thread_key, policy=rule.name
+        )
 
-    def _rejected(self, thread_key: str, run_id: str | None, signal_id: str | None) -> SendResult:
+    def _rejected(
+        self, thread_key: str, run_id: str | None, signal_id: str | None, rule: SendRule
+    ) -> SendResult:
         # A signal without an id of the caller's gets the one it would have had.
         signal_id = signal_id or uuid.uuid4().hex
         self._emit("rejected", thread_key, run_id=run_id, signal_id=signal_id)
-        return SendResult("rejected", run_id, signal_id, thread_key)
+        return SendResult("rejected", run_id, signal_id, thread_key, policy=rule.name)
 
     def _held_by(self, thread_key: str, owner: str | None, tried: float) -> None:
         """The lease of ``thread_key``, tried at ``tried``, was refused to us: held by ``owner``."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from typing import cast
@@ -55,7 +56,9 @@ class Session:
         self.lost = self.lease.lost
         self.taken_at = time.monotonic()  # when this process took the thread over
         self._runs = 0
-        self.inbox = Inbox(thread_key, holder.sid, self._takes, self.lost, self._skipped)
+        self.inbox = Inbox(
+            thread_key, holder.sid, self._takes, self.lost, self._skipped, self._coalesced
+        )
         self.closing = False
         self.done = False
         self._stopping = False  # stop() came (aclose): a session still opening never runs
@@ -65,7 +68,10 @@ class Session:
         self._run_task: asyncio.Task[RunEnd] | None = None
         self._main_task: asyncio.Task[None] | None = None
         self._subscribed = False
-        self._control = ctx.names.control(thread_key) if ctx.rule.tells_owner else None
+        # Any sender may choose a policy that tells the owner, whatever ours is.
+        self._control: str | None = ctx.names.control(thread_key)
+        # The run an interrupting signal asked to roll back, until on_rollback ran.
+        self._rollback: str | None = None
         self._control_subscribed = False
         # The event still to emit when the first run starts (a watcher's "takeover"),
         # and its detail: the run id of the owner the sweep last saw hold the thread.
@@ -106,13 +112,28 @@ class Session:
             detail="skipped",
         )
 
+    def _coalesced(self, signal_id: str, into: str) -> None:
+        self._ctx.emit(
+            "coalesced",
+            self.thread_key,
+            run_id=self.run_id,
+            signal_id=signal_id,
+            detail=f"into {into}",
+        )
+
     # -- what senders of this process do ---------------------------------------
 
     def sent_here(self, rule: SendRule, signal_id: str, sent_at: float) -> None:
         """A send of this process stored ``signal_id`` for this session's thread."""
-        overtake(rule, self.run, self._run_task, self.inbox, signal_id, sent_at)
+        self._overtake(rule, signal_id, sent_at)
         if self.closing:
             self._late_send = True
+
+    def _overtake(self, rule: SendRule, signal_id: str, sent_at: float) -> None:
+        run = self.run
+        cancelled = overtake(rule, run, self._run_task, self.inbox, signal_id, sent_at)
+        if cancelled and rule.rolls_back and run is not None:
+            self._rollback = run.run_id
 
     async def on_control(self, event: Event) -> None:
         """A sender elsewhere asks the owner to apply its policy (a fan-out subscription)."""
@@ -121,7 +142,7 @@ class Session:
         policy = data.get("policy")
         rule = RULES.get(policy, self._ctx.rule) if isinstance(policy, str) else self._ctx.rule
         if isinstance(signal_id, str) and isinstance(sent_at, int | float):
-            overtake(rule, self.run, self._run_task, self.inbox, signal_id, float(sent_at))
+            self._overtake(rule, signal_id, float(sent_at))
 
     # -- opening ---------------------------------------------------------------
 
@@ -218,6 +239,7 @@ class Session:
                 if self._runs and not await self._handover():
                     break
                 await self._run_once()
+                await self._roll_back()
         except asyncio.CancelledError:
             if _asked_to_stop():
                 raise
@@ -321,6 +343,22 @@ class Session:
             self.run, self._run_task = None, None
             finish(run, end, leaving=self.lost.is_set() or end == "lost" or stopped)
             ctx.emit("run_end", self.thread_key, run_id=run.run_id, token=run.token, detail=end)
+
+    async def _roll_back(self) -> None:
+        """Before the next run: remove the effects of a run a ``rollback`` signal interrupted."""
+        run_id, self._rollback = self._rollback, None
+        hook = self._ctx.settings.on_rollback
+        if run_id is None or hook is None:
+            return
+        detail = "ok"
+        try:
+            result = hook(self.thread_key, run_id)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            logger.exception("on_rollback of run %s (thread %r) raised", run_id, self.thread_key)
+            detail = f"failed: {type(exc).__name__}"
+        self._ctx.emit("rollback", self.thread_key, run_id=run_id, detail=detail)
 
     async def _handover(self) -> bool:
         """Move the lease to the next run; ``False`` if it was no longer held."""

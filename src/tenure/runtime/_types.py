@@ -19,7 +19,7 @@ __all__ = [
 Outcome = Literal["wake", "deliver", "rejected"]
 
 #: What a new signal does to a thread whose run is active (double-texting).
-Policy = Literal["enqueue", "interrupt", "reject"]
+Policy = Literal["enqueue", "interrupt", "reject", "coalesce", "rollback"]
 
 EventKind = Literal[
     "wake",
@@ -31,6 +31,8 @@ EventKind = Literal[
     "takeover",
     "lost",
     "interrupted",
+    "coalesced",
+    "rollback",
     "run_end",
 ]
 
@@ -43,6 +45,10 @@ class Signal:
     is delivered again after a crash or a lost lease, so a handler can
     de-duplicate (delivery is at-least-once). ``sent_at`` is the sender's wall
     clock (seconds since the epoch); ``attempt`` is 1 on first delivery.
+
+    ``coalesced``: the signals this one replaced while they waited (sent under
+    the ``coalesce`` policy), oldest first; each of them was settled as
+    coalesced into this one and is not delivered on its own.
     """
 
     id: str
@@ -50,6 +56,7 @@ class Signal:
     payload: Any
     sent_at: float
     attempt: int = 1
+    coalesced: tuple[Signal, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +69,9 @@ class SendResult:
     in the thread's log for that run, whose id (as read from the lease owner)
     is ``run_id``. The signal is durable (on a durable backend) either way.
     ``"rejected"`` (only with the ``reject`` policy): a run was active, and the
-    signal was not stored.
+    signal was not stored. ``policy`` is the policy the signal was sent under
+    (the send's own, or the runtime's default); it travels with the signal, so
+    the thread's owner applies it whatever its own default.
 
     ``output_after`` (a runtime that keeps output): the thread's last output
     position before the signal was sent; its reply comes after it
@@ -74,6 +83,7 @@ class SendResult:
     signal_id: str
     thread_key: str
     output_after: int | None = None
+    policy: Policy = "enqueue"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +105,12 @@ class RuntimeEvent:
     ``"interrupted"`` (a newer signal, under the ``interrupt`` policy) or
     ``"cancelled"`` (the runtime's ``aclose()`` cancelled it); the run's
     ``tenure run`` span records the same as ``tenure.run.end``.
+
+    A ``"coalesced"`` event names a signal (``signal_id``) settled as replaced
+    under the ``coalesce`` policy; ``detail`` is ``"into <id>"``, the signal
+    whose run receives it in ``Signal.coalesced``. A ``"rollback"`` event says
+    ``on_rollback`` was called for the interrupted run ``run_id`` (``detail``:
+    ``"ok"`` or the error it raised).
     """
 
     kind: EventKind

@@ -1,0 +1,128 @@
+"""Double-texting policies across real processes sharing one backend.
+
+A burst of coalescing signals from five processes during one run, a send's
+policy carried to an owner with another default, and each policy with the
+owner killed while signals wait: every signal whose send returned is run or
+settled as its policy allows, visibly, and never two runs at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from tenure.testing import eventually
+from tests.conftest import isolated_url
+from tests.support.servers import drop_postgres_schema
+
+from .test_runtime_processes import Doc, Spawner, Worker, _drop_redis_prefix, assert_never_two_runs
+
+
+@pytest.fixture(params=["sqlite", "redis", "postgres"])
+def url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
+    kind: str = request.param
+    yield isolated_url(kind, unique=unique, tmp_path=tmp_path)
+    if kind == "redis":
+        _drop_redis_prefix(f"tenure-test-{unique}:")
+    elif kind == "postgres":
+        drop_postgres_schema(f"tenure_test_{unique}")
+
+
+@pytest_asyncio.fixture
+async def spawn(url: str) -> AsyncIterator[Spawner]:
+    spawner = Spawner(url)
+    try:
+        yield spawner
+    finally:
+        await spawner.cleanup()
+
+
+def coalesced_events(workers: list[Worker]) -> list[Doc]:
+    return [d for w in workers for d in w.of("event", kind="coalesced")]
+
+
+@pytest.mark.asyncio
+async def test_a_burst_of_100_coalescing_signals_from_5_processes_makes_one_more_run(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    release = tmp_path / "release"
+    owner = await spawn("owner", "--idle", "0.5")
+    senders = [await spawn(f"s{i}", "--policy", "coalesce") for i in range(5)]
+    first = await owner.send("thread", {"hold": str(release)})
+    await owner.wait(lambda: bool(owner.of("take", sid=first["signal_id"])))
+
+    async def burst(w: Worker) -> list[Doc]:
+        return [await w.send("thread", [w.name, i]) for i in range(20)]
+
+    sent = [d for ds in await asyncio.gather(*(burst(w) for w in senders)) for d in ds]
+    assert {d["outcome"] for d in sent} == {"deliver"}
+    # Every signal but the newest is settled as coalesced while the run is busy.
+    await owner.wait(lambda: len(coalesced_events([owner])) == 99, timeout=60)
+    release.touch()
+    await owner.wait(lambda: len(owner.of("take")) == 2 and bool(owner.of("run_end")))
+    await asyncio.sleep(0.5)  # nothing else runs
+    takes = [d for w in (owner, *senders) for d in w.of("take")]
+    assert len(takes) == 2
+    last = takes[1]
+    assert sorted([last["sid"], *last["coalesced"]]) == sorted(d["signal_id"] for d in sent)
+    assert len(last["coalesced"]) == 99
+    assert {e["sid"] for e in coalesced_events([owner])} == set(last["coalesced"])
+
+
+@pytest.mark.asyncio
+async def test_a_send_s_policy_reaches_an_owner_with_another_default(spawn: Spawner) -> None:
+    owner = await spawn("owner", "--policy", "enqueue")
+    sender = await spawn("sender", "--policy", "enqueue")
+    busy = await owner.send("thread", {"block": True})
+    await owner.wait(lambda: bool(owner.of("take", sid=busy["signal_id"])))
+    new = await sender.send("thread", "now", policy="interrupt")
+    assert new["outcome"] == "deliver"
+    await owner.wait(lambda: bool(owner.of("done", sid=new["signal_id"])))
+    assert owner.of("run_end")[0]["detail"] == "interrupted"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("policy", ["enqueue", "coalesce", "interrupt", "rollback", "reject"])
+async def test_the_owner_killed_while_signals_wait_loses_nothing_its_policy_does_not_settle(
+    spawn: Spawner, policy: str
+) -> None:
+    owner = await spawn("owner", "--idle", "0.3")
+    heir = await spawn("heir", "--idle", "0.3")
+    sender = await spawn("sender", "--policy", policy)
+    busy = await owner.send("thread", {"block": True})
+    await owner.wait(lambda: bool(owner.of("take", sid=busy["signal_id"])))
+    sent = [await sender.send("thread", n) for n in range(5)]
+    if policy == "coalesce":
+        await owner.wait(lambda: len(coalesced_events([owner])) == 4)
+    owner.kill()
+    stored = [d["signal_id"] for d in sent if d["outcome"] != "rejected"]
+    workers = [owner, heir, sender]
+
+    def ran() -> set[str]:
+        # interrupt and rollback unblock the owner: it may finish before it is killed.
+        return {d["sid"] for w in workers for d in w.of("done")}
+
+    def coalesced() -> set[str]:
+        into = {c for w in workers for d in w.of("take") for c in d["coalesced"]}
+        return into | {e["sid"] for e in coalesced_events(workers)}
+
+    if policy == "reject":
+        assert stored == []
+        # The blocked signal, never acknowledged, runs again elsewhere (attempt 2 passes).
+        await eventually(lambda: busy["signal_id"] in ran(), timeout=60)
+        return
+    last = stored[-1]
+    await eventually(lambda: last in ran(), timeout=60)
+    await asyncio.sleep(0.5)
+    if policy == "enqueue":
+        assert set(stored) <= ran()
+    elif policy == "coalesce":
+        assert set(stored) <= ran() | coalesced()
+    else:
+        # interrupt/rollback: each newer signal may skip the older ones; the newest runs.
+        assert last in ran()
+    assert_never_two_runs(workers, "thread")
