@@ -16,6 +16,7 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
@@ -169,7 +170,7 @@ class RedisStreams(StreamReader, PubSub):
             raise
         return moved
 
-    async def backlog(self, prefix: str, group: str) -> list[str]:
+    async def backlog(self, prefix: str, group: str, *, skip: Collection[str] = ()) -> list[str]:
         """The topics starting with ``prefix`` whose ``group`` has events not yet
         acknowledged (unread, or delivered and not acknowledged).
 
@@ -179,14 +180,17 @@ class RedisStreams(StreamReader, PubSub):
         O(n + m * groups per topic) work in Redis, n being the index's size (the
         group's topics, of any prefix, with events published since a call with a
         matching prefix last found them drained) and m the matching ones: idle
-        topics cost nothing once a call has seen them drained.
+        topics cost nothing once a call has seen them drained. The topics in
+        ``skip`` (a runtime's own threads) are neither checked nor listed.
         """
         check_backlog(prefix, group)
         self._check_open()
         index = self._index_key(group)
         members = await self._io(self._client.smembers, index)
         topics = sorted(
-            topic for topic in (m.decode("utf-8") for m in members) if topic.startswith(prefix)
+            topic
+            for topic in (m.decode("utf-8") for m in members)
+            if topic.startswith(prefix) and topic not in skip
         )
         out: list[str] = []
         for start in range(0, len(topics), _BACKLOG_BATCH):
