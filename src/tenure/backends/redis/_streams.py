@@ -80,7 +80,9 @@ class RedisStreams(StreamReader, PubSub):
         claim_idle_ms: int,
         block_ms: int,
         dedupe_window_ms: int,
+        retention_ms: int = 0,
     ) -> None:
+        self._retention_ms = retention_ms
         self._max_attempts = max_attempts
         self._stream_maxlen = stream_maxlen
         self._dedupe_window_ms = dedupe_window_ms
@@ -124,6 +126,7 @@ class RedisStreams(StreamReader, PubSub):
                 # No index on a cluster: it lives in another slot (no BACKLOG there).
                 b"" if self._conn.cluster else self._p + b"backlog:",
                 self._dedupe_window_ms,
+                self._retention_ms,
             ),
         )
         if not stored:
@@ -313,7 +316,7 @@ class RedisStreams(StreamReader, PubSub):
             moved = await self._eval(
                 _HAND_BACK,
                 (sub.stream,),
-                (sub.group, sub.consumer, _RETURNED, _RETURNED_IDLE_MS),
+                (sub.group, sub.consumer, _RETURNED, _RETURNED_IDLE_MS, self._retention_ms),
             )
         except BackendUnavailable as exc:
             cause = exc.__cause__
