@@ -1,9 +1,10 @@
 """Thread runtime at scale: what a live, idle thread costs, and how fast threads start.
 
-Usage: ``python benchmarks/scale.py [--threads N] [--window S] [--ttl-ms T] [--top K]``
+Usage: ``python benchmarks/scale.py [--backend redis|postgres|sqlite] [--threads N] [--window S]
+[--ttl-ms T] [--top K]``
 
-One runtime process on a private ``redis-server`` (started for the run, so no
-other client's traffic is counted). ``--threads`` threads are woken by 64
+One runtime process on a private ``redis-server`` or PostgreSQL (started for
+the run, so no other client's traffic is counted), or a fresh SQLite file. ``--threads`` threads are woken by 64
 concurrent senders; each one's handler takes its first signal and then waits
 (a run open, idle) until the end.
 
@@ -11,7 +12,9 @@ concurrent senders; each one's handler takes its first signal and then waits
   send to the last handler started.
 - **Idle cost**: Redis ``INFO commandstats`` deltas over ``--window`` seconds
   while every thread waits; commands a script runs are counted, as Redis counts
-  them. Per command and per thread per second.
+  them. Per command and per thread per second. PostgreSQL: the database's
+  ``pg_stat_database.xact_commit + xact_rollback`` deltas (less the reading
+  query's own). SQLite: no server to count; the start rate and memory only.
 - **Memory**: the process's RSS before the runtime started and with every
   thread live, and (``--top K``) tracemalloc's K largest allocation sites of
   the live threads.
@@ -28,6 +31,7 @@ if not __package__:  # run as a file: the repository root first (benchmarks/redi
 import argparse
 import asyncio
 import json
+import tempfile
 import time
 import tracemalloc
 from typing import Any
@@ -37,6 +41,7 @@ import tenure
 from benchmarks._common import run
 from tenure import ThreadRun, ThreadRuntime
 from tests.redis.helpers import wait_out_quarantine
+from tests.support.pg_server import PgServer
 from tests.support.redis_server import RedisServer
 
 SENDERS = 64
@@ -50,6 +55,18 @@ def rss_kb() -> int:
 
 
 def commandstats(url: str) -> dict[str, int]:
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(url.partition("?")[0], autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                "WHERE datname = current_database()"
+            ).fetchone()
+        # Counted for the next reading too: one transaction, its own.
+        return {"transactions": int(row[0]) if row else 0}
+    if url.startswith("sqlite"):
+        return {}
     client = redis.Redis.from_url(url.partition("?")[0])
     try:
         stats: dict[str, Any] = client.info("commandstats")
@@ -98,13 +115,15 @@ async def measure(url: str, threads: int, window: float, ttl_ms: int, top: int) 
         finish.set()
     deltas = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
     deltas.pop("info", None)
+    if "transactions" in deltas:
+        deltas["transactions"] -= 1  # the first reading's own
     total = sum(deltas.values())
     result: dict[str, Any] = {
         "threads": threads,
         "ttl_ms": ttl_ms,
         "start_rate_per_s": round(start_rate),
-        "idle_commands_per_s": round(total / window, 1),
-        "per_thread_per_s": round(total / window / threads, 4),
+        "idle_commands_per_s": round(total / window, 1) if before else None,
+        "per_thread_per_s": round(total / window / threads, 4) if before else None,
         "by_command_per_thread_per_s": {
             k: round(v / window / threads, 4) for k, v in sorted(deltas.items())
         },
@@ -124,16 +143,26 @@ async def measure(url: str, threads: int, window: float, ttl_ms: int, top: int) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--backend", choices=("redis", "postgres", "sqlite"), default="redis")
     parser.add_argument("--threads", type=int, default=1000)
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--ttl-ms", type=int, default=15_000)
     parser.add_argument("--top", type=int, default=0)
     args = parser.parse_args()
-    with RedisServer() as server:
-        # A new server quarantines new prefixes for max_ttl_ms: not what is measured.
-        url = f"{server.url}?max_ttl_ms={args.ttl_ms}"
-        wait_out_quarantine(server.url, max_ttl_ms=args.ttl_ms)
-        result = run(measure(url, args.threads, args.window, args.ttl_ms, args.top))
+    figures = (args.threads, args.window, args.ttl_ms, args.top)
+    if args.backend == "postgres":
+        with PgServer() as pg:
+            result = run(measure(pg.url, *figures))
+    elif args.backend == "sqlite":
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run(measure(f"sqlite:///{tmp}/scale.db", *figures))
+    else:
+        with RedisServer() as server:
+            # A new server quarantines new prefixes for max_ttl_ms: not what is measured.
+            url = f"{server.url}?max_ttl_ms={args.ttl_ms}"
+            wait_out_quarantine(server.url, max_ttl_ms=args.ttl_ms)
+            result = run(measure(url, *figures))
+    result["backend"] = args.backend
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
 
 
