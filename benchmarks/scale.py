@@ -13,8 +13,8 @@ concurrent senders; each one's handler takes its first signal and then waits
 - **Idle cost**: Redis ``INFO commandstats`` deltas over ``--window`` seconds
   while every thread waits; commands a script runs are counted, as Redis counts
   them. Per command and per thread per second. PostgreSQL: the database's
-  ``pg_stat_database.xact_commit + xact_rollback`` deltas (less the reading
-  query's own). SQLite: no server to count; the start rate and memory only.
+  ``pg_stat_database.xact_commit`` and ``xact_rollback`` deltas (less the
+  reading query's own). SQLite: no server to count; the start rate and memory only.
 - **Memory**: the process's RSS before the runtime started and with every
   thread live, and (``--top K``) tracemalloc's K largest allocation sites of
   the live threads.
@@ -60,11 +60,11 @@ def commandstats(url: str) -> dict[str, int]:
 
         with psycopg.connect(url.partition("?")[0], autocommit=True) as conn:
             row = conn.execute(
-                "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                "SELECT xact_commit, xact_rollback FROM pg_stat_database "
                 "WHERE datname = current_database()"
             ).fetchone()
         # Counted for the next reading too: one transaction, its own.
-        return {"transactions": int(row[0]) if row else 0}
+        return {"commits": int(row[0]), "rollbacks": int(row[1])} if row else {}
     if url.startswith("sqlite"):
         return {}
     client = redis.Redis.from_url(url.partition("?")[0])
@@ -115,8 +115,8 @@ async def measure(url: str, threads: int, window: float, ttl_ms: int, top: int) 
         finish.set()
     deltas = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
     deltas.pop("info", None)
-    if "transactions" in deltas:
-        deltas["transactions"] -= 1  # the first reading's own
+    if "commits" in deltas:
+        deltas["commits"] -= 1  # the first reading's own
     total = sum(deltas.values())
     result: dict[str, Any] = {
         "threads": threads,
