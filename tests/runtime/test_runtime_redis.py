@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import pytest
@@ -68,8 +68,8 @@ class SlowUnsubscribe:
     async def reclaim(self, topic: str, group: str) -> int:
         return await self.inner.reclaim(topic, group)
 
-    async def backlog(self, prefix: str, group: str) -> list[str]:
-        return await self.inner.backlog(prefix, group)
+    async def backlog(self, prefix: str, group: str, *, skip: Collection[str] = ()) -> list[str]:
+        return await self.inner.backlog(prefix, group, skip=skip)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -12,7 +12,7 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -273,9 +273,9 @@ class MarkerLog:
     async def reclaim(self, topic: str, group: str) -> int:
         return await self.inner.reclaim(topic, group)
 
-    async def backlog(self, prefix: str, group: str) -> list[str]:
+    async def backlog(self, prefix: str, group: str, *, skip: Collection[str] = ()) -> list[str]:
         self.backlogs += 1
-        return await self.inner.backlog(prefix, group)
+        return await self.inner.backlog(prefix, group, skip=skip)
 
     async def flush(self) -> None:
         await self.inner.flush()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from typing import Any
 
 from tenure import AcquireResult, Capability, Event, LeaseRecord
@@ -135,8 +135,9 @@ class AsyncOverSync:
         """
         self._held_back.add(callback)
 
-    async def backlog(self, prefix: str, group: str) -> list[str]:
-        return await asyncio.to_thread(self.sync.backlog, prefix, group)
+    async def backlog(self, prefix: str, group: str, *, skip: Collection[str] = ()) -> list[str]:
+        busy: list[str] = await asyncio.to_thread(self.sync.backlog, prefix, group)
+        return [topic for topic in busy if topic not in skip]
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.sync.close)

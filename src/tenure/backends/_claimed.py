@@ -18,7 +18,7 @@ import abc
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
@@ -304,15 +304,17 @@ class ClaimedEvents(PubSub, Generic[_G]):
             target.wake.set()
         return len(taken)
 
-    async def backlog(self, prefix: str, group: str) -> list[str]:
-        """The topics starting with ``prefix`` whose ``group`` has events not yet acknowledged."""
+    async def backlog(self, prefix: str, group: str, *, skip: Collection[str] = ()) -> list[str]:
+        """The topics starting with ``prefix`` whose ``group`` has events not yet
+        acknowledged, but those in ``skip``."""
         check_backlog(prefix, group)
         self._check_open()
         try:
             low, high = prefix_range(prefix.encode())
         except UnicodeEncodeError:
             raise InvalidArgument("prefix must be encodable as UTF-8") from None
-        return await self._backlog(group.encode(), low, high)
+        busy: list[str] = await self._backlog(group.encode(), low, high)
+        return [topic for topic in busy if topic not in skip] if skip else busy
 
     # -- delivering -------------------------------------------------------------------
 

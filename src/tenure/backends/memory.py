@@ -15,7 +15,7 @@ import math
 import time
 import warnings
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -183,14 +183,18 @@ class _Events(abc.ABC):
         await self._notify(target)
         return len(taken)
 
-    async def backlog(self, prefix: str, group: str) -> list[str]:
-        """The topics starting with ``prefix`` whose ``group`` has events not yet acknowledged."""
+    async def backlog(self, prefix: str, group: str, *, skip: Collection[str] = ()) -> list[str]:
+        """The topics starting with ``prefix`` whose ``group`` has events not yet
+        acknowledged, but those in ``skip``."""
         check_backlog(prefix, group)
         self._check_open()
         return [
             topic
             for topic, groups in self._topics.items()
-            if topic.startswith(prefix) and group in groups and not groups[group].idle
+            if topic.startswith(prefix)
+            and topic not in skip
+            and group in groups
+            and not groups[group].idle
         ]
 
     async def _deliver(self, topic: str, target: _Group, callback: Callback) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Protocol, cast
 
 from .._contract import Capability, LeaseProvider, LeaseRecord, capabilities_of
@@ -65,7 +65,9 @@ class RuntimeLog(EventSource, Protocol):
 
     async def reclaim(self, topic: str, group: str) -> int: ...
 
-    async def backlog(self, prefix: str, group: str) -> list[str]: ...
+    async def backlog(
+        self, prefix: str, group: str, *, skip: Collection[str] = ()
+    ) -> list[str]: ...
 
     async def aclose(self) -> None: ...
 

@@ -78,6 +78,10 @@ class Sessions:
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._by_key))
 
+    def topics(self) -> set[str]:
+        """The topics of the threads with a session here."""
+        return {session.topic for session in self._by_key.values()}
+
     def get(self, thread_key: str) -> Session | None:
         return self._by_key.get(thread_key)
 

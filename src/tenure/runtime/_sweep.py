@@ -65,7 +65,11 @@ class Sweeper:
     async def sweep(self) -> None:
         """Start a session for every thread of the namespace with unfinished signals and no owner."""
         sessions = self._sessions
-        names: list[str] = await self._log.backlog(self._names.prefix, GROUP)
+        # This process's own threads have an owner: asking about them would cost
+        # the backend a look per live thread per sweep.
+        names: list[str] = await self._log.backlog(
+            self._names.prefix, GROUP, skip=sessions.topics()
+        )
         # Only the holders seen by the previous sweep are kept: the one that refused
         # it then is the owner a takeover now replaces (it expired or let go since).
         holders, self._holders = self._holders, {}

@@ -41,6 +41,7 @@ _RECHECK = 0.05  # seconds after a take that found claims and one that found non
 class _Queries:
     """The event statements, each ``sql/<field name>.sql`` rendered for the schema."""
 
+    claim_due: str
     claim_extend: str
     claim_hand_back: str
     claim_prune_orphans: str
@@ -459,12 +460,12 @@ class PostgresEvents(ClaimedEvents[_Group]):
         next_prune = time.monotonic()
         while self._topics:
             await asyncio.sleep(tick)
-            # The fallback poll: a lost notification (or a LISTEN connection
-            # being replaced) delays an event by one tick at most; due
-            # redeliveries are found the same way.
-            self._wake_all()
             now = time.monotonic()
             try:
+                # The fallback poll: a lost notification (or a LISTEN connection
+                # being replaced) delays an event by one tick at most; due
+                # redeliveries are found the same way.
+                await self._wake_due()
                 if now >= next_heartbeat:
                     next_heartbeat = now + opts.visibility_timeout / 3
                     await self._heartbeat()
@@ -472,7 +473,21 @@ class PostgresEvents(ClaimedEvents[_Group]):
                     next_prune = now + opts.prune_interval
                     await self._prune()
             except BackendUnavailable as exc:
+                self._wake_all()  # each take finds out for itself
                 logger.warning("cannot keep claims alive or prune: %s", exc)
+
+    async def _wake_due(self) -> None:
+        """Wake the groups with claims to take now, found in one statement for all."""
+        groups = self._groups()
+        if not groups:
+            return
+        rows = await self._sql(
+            "find due events", self._events_q.claim_due, {"ids": [g.gid for g in groups]}
+        )
+        due = {int(gid) for (gid,) in rows}
+        for group in groups:
+            if group.gid in due or group.unsure:
+                group.wake.set()
 
     async def _heartbeat(self) -> None:
         """Extend this instance's claims and groups; forget the claims and groups it lost."""

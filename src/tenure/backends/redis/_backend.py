@@ -21,13 +21,16 @@ from ._streams import RedisStreams
 __all__ = ["RedisClusterPubSub", "RedisStreamsPubSub"]
 
 
-def _check_numbers(*, min_replicas: int, max_ttl_ms: int, **at_least_one: int) -> None:
+def _check_numbers(
+    *, min_replicas: int, retention_ms: int, max_ttl_ms: int, **at_least_one: int
+) -> None:
     """Raise :class:`InvalidArgument` for a numeric option out of range."""
     for name, value in {"max_ttl_ms": max_ttl_ms, **at_least_one}.items():
         if type(value) is not int or value < 1:
             raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
-    if type(min_replicas) is not int or min_replicas < 0:
-        raise InvalidArgument(f"min_replicas must be an int >= 0, got {min_replicas!r}")
+    for name, value in (("min_replicas", min_replicas), ("retention_ms", retention_ms)):
+        if type(value) is not int or value < 0:
+            raise InvalidArgument(f"{name} must be an int >= 0, got {value!r}")
     if max_ttl_ms > MAX_TTL_MS:
         raise InvalidArgument(f"max_ttl_ms must be at most {MAX_TTL_MS}, got {max_ttl_ms}")
 
@@ -197,6 +200,15 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     sets no guard; every publish is one script, one round trip, like the
     ``XADD`` it replaces.
 
+    **Retention.** With ``retention_ms`` (default 0: off), a topic's stream
+    expires ``retention_ms`` after its last member left it, once every group
+    had read and acknowledged all of it; a publish or a subscribe before then
+    keeps it (``PERSIST``). A lease's fencing counter is then kept as long
+    (at least twice the TTL) instead of 24 h: tokens stay increasing without
+    it, being at least the server's time in microseconds. Guards of
+    caller-given ids expire after ``dedupe_window_ms``. Fan-out-only topics
+    and streams whose dead members are still listed in a group are kept.
+
     **Reclaim** (``RECLAIM``). :meth:`reclaim` gives every event of a group
     that any member (alive or dead) was delivered and did not acknowledge
     back to the group at once, in one script: each entry moves to the
@@ -267,6 +279,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         claim_idle_ms: int = 30_000,
         block_ms: int = 1000,
         dedupe_window_ms: int = 86_400_000,
+        retention_ms: int = 0,
         max_concurrency: int = 128,
         owns_client: bool = False,
     ) -> None:
@@ -282,6 +295,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
             dedupe_window_ms=dedupe_window_ms,
             max_concurrency=max_concurrency,
             min_replicas=min_replicas,
+            retention_ms=retention_ms,
             replica_wait_ms=replica_wait_ms,
         )
         kwargs = client_settings(client)
@@ -294,6 +308,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
             quarantine_ms=max_ttl_ms if quarantine else 0,
             min_replicas=min_replicas,
             replica_wait_ms=replica_wait_ms,
+            retention_ms=retention_ms,
         )
         socket_timeout = kwargs.get("socket_timeout")
         # A blocking read must return before the socket timeout fires.
@@ -305,6 +320,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
             claim_idle_ms=claim_idle_ms,
             block_ms=block_ms,
             dedupe_window_ms=dedupe_window_ms,
+            retention_ms=retention_ms,
         )
 
     def _check_client(self, client: Any) -> None:
@@ -332,7 +348,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
 
         Query parameters: tenure's ``prefix``, ``max_ttl_ms``, ``quarantine``,
         ``min_replicas``, ``replica_wait_ms``, ``strict``, ``max_attempts``, ``stream_maxlen``, ``claim_idle_ms``,
-        ``dedupe_window_ms`` and ``max_concurrency`` (see the class docstring), and every option
+        ``dedupe_window_ms``, ``retention_ms`` and ``max_concurrency`` (see the class docstring), and every option
         redis-py's own ``from_url`` takes (``db``, ``password``, ``username``,
         ``protocol``, ``socket_timeout``, ``client_name``, the ``ssl_*``
         options…), passed on as written. Refused, because they would turn

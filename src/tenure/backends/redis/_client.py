@@ -64,6 +64,7 @@ OUR_OPTIONS: dict[str, Callable[[str], Any]] = {
     "stream_maxlen": to_int(1),
     "claim_idle_ms": to_int(1),
     "dedupe_window_ms": to_int(1),
+    "retention_ms": to_int(0),
     "max_concurrency": to_int(1),
 }
 

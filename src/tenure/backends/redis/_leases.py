@@ -26,8 +26,9 @@ __all__ = ["RedisLeases"]
 
 logger = logging.getLogger("tenure.redis")
 
-# An idle key's fencing counter is kept this long (or twice its lease's TTL if
-# longer). Its loss is harmless: tokens are at least the server's time in µs.
+# An idle key's fencing counter is kept this long (``retention_ms`` when set; twice
+# its lease's TTL if longer). Its loss is harmless: tokens are at least the
+# server's time in µs, so a recreated counter starts above every token granted.
 _COUNTER_KEEP_MS = 24 * 3600 * 1000
 _RELEASED_CHANNEL = b"lease-released"
 
@@ -88,7 +89,10 @@ class RedisLeases(LeaseCore):
         "so its default ceiling is 60 s where the other backends allow 2**31 - 1 ms"
     )
 
-    def _setup_leases(self, *, quarantine_ms: int, min_replicas: int, replica_wait_ms: int) -> None:
+    def _setup_leases(
+        self, *, quarantine_ms: int, min_replicas: int, replica_wait_ms: int, retention_ms: int = 0
+    ) -> None:
+        self._counter_keep_ms = retention_ms or _COUNTER_KEEP_MS
         self._channel = self._p + _RELEASED_CHANNEL
         self._min_replicas = min_replicas
         self._replica_wait_ms = replica_wait_ms
@@ -120,7 +124,7 @@ class RedisLeases(LeaseCore):
             owner,
             ttl,
             self._quarantine.ms,
-            max(_COUNTER_KEEP_MS, 2 * ttl),
+            max(self._counter_keep_ms, 2 * ttl),
             b"1" if self._conn.evicting else b"0",
             self._cluster,
         )
@@ -202,7 +206,7 @@ class RedisLeases(LeaseCore):
                 from_owner,
                 to_owner,
                 ttl,
-                max(_COUNTER_KEEP_MS, 2 * ttl),
+                max(self._counter_keep_ms, 2 * ttl),
                 self._channel,
                 key.encode("utf-8"),
             ),

@@ -92,7 +92,13 @@ class StreamReader(RedisParts):
     _claim_idle_ms: int
     _block_ms: int
 
+    _retention_ms: int
+
     async def _create_group(self, sub: _Sub) -> None:
+        if self._retention_ms:
+            # A stream someone reads never expires (see lua/hand_back.lua); first,
+            # so that it cannot expire between the group's creation and this.
+            await self._io(self._client.persist, sub.stream)
         try:
             await self._io(self._client.xgroup_create, sub.stream, sub.group, "$", mkstream=True)
         except BackendUnavailable as exc:

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
@@ -79,7 +80,9 @@ class RedisStreams(StreamReader, PubSub):
         claim_idle_ms: int,
         block_ms: int,
         dedupe_window_ms: int,
+        retention_ms: int = 0,
     ) -> None:
+        self._retention_ms = retention_ms
         self._max_attempts = max_attempts
         self._stream_maxlen = stream_maxlen
         self._dedupe_window_ms = dedupe_window_ms
@@ -123,6 +126,7 @@ class RedisStreams(StreamReader, PubSub):
                 # No index on a cluster: it lives in another slot (no BACKLOG there).
                 b"" if self._conn.cluster else self._p + b"backlog:",
                 self._dedupe_window_ms,
+                self._retention_ms,
             ),
         )
         if not stored:
@@ -169,7 +173,7 @@ class RedisStreams(StreamReader, PubSub):
             raise
         return moved
 
-    async def backlog(self, prefix: str, group: str) -> list[str]:
+    async def backlog(self, prefix: str, group: str, *, skip: Collection[str] = ()) -> list[str]:
         """The topics starting with ``prefix`` whose ``group`` has events not yet
         acknowledged (unread, or delivered and not acknowledged).
 
@@ -179,14 +183,17 @@ class RedisStreams(StreamReader, PubSub):
         O(n + m * groups per topic) work in Redis, n being the index's size (the
         group's topics, of any prefix, with events published since a call with a
         matching prefix last found them drained) and m the matching ones: idle
-        topics cost nothing once a call has seen them drained.
+        topics cost nothing once a call has seen them drained. The topics in
+        ``skip`` (a runtime's own threads) are neither checked nor listed.
         """
         check_backlog(prefix, group)
         self._check_open()
         index = self._index_key(group)
         members = await self._io(self._client.smembers, index)
         topics = sorted(
-            topic for topic in (m.decode("utf-8") for m in members) if topic.startswith(prefix)
+            topic
+            for topic in (m.decode("utf-8") for m in members)
+            if topic.startswith(prefix) and topic not in skip
         )
         out: list[str] = []
         for start in range(0, len(topics), _BACKLOG_BATCH):
@@ -309,7 +316,7 @@ class RedisStreams(StreamReader, PubSub):
             moved = await self._eval(
                 _HAND_BACK,
                 (sub.stream,),
-                (sub.group, sub.consumer, _RETURNED, _RETURNED_IDLE_MS),
+                (sub.group, sub.consumer, _RETURNED, _RETURNED_IDLE_MS, self._retention_ms),
             )
         except BackendUnavailable as exc:
             cause = exc.__cause__

@@ -23,4 +23,27 @@ while true do
   end
 end
 redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+-- Retention (ARGV[5] ms, '0': off): a stream that every group has read and
+-- acknowledged in full, and that no member reads any more, expires after it
+-- unless a publish or a subscribe (which PERSIST it) comes first.
+if ARGV[5] == '0' then
+  return moved
+end
+for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local info = {}
+  for i = 1, #group, 2 do
+    info[group[i]] = group[i + 1]
+  end
+  if info['pending'] > 0 or info['lag'] ~= 0 then
+    return moved
+  end
+  for _, member in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], info['name'])) do
+    for i = 1, #member, 2 do
+      if member[i] == 'name' and member[i + 1] ~= ARGV[3] then
+        return moved
+      end
+    end
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return moved

@@ -7,7 +7,8 @@
 -- stream's hash slot): if the guard exists the id was already published
 -- within the dedupe window, so nothing is stored and {0, <first event JSON>}
 -- is returned; otherwise the guard is set to the event for ARGV[5] ms.
--- Returns {1, <stream entry id>} when the event was stored.
+-- Returns {1, <stream entry id>} when the event was stored. ARGV[6]: the
+-- backend's retention_ms ('0': streams are kept).
 --
 -- The index keys are not declared (they are not in the stream's slot): fine on
 -- one Redis; on a Redis Cluster ARGV[4] is empty and no index is kept.
@@ -18,6 +19,11 @@ if #KEYS == 2 then
   end
 end
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'e', ARGV[1])
+-- A stream left to expire (drained, read by no one: see hand_back.lua) holds
+-- an unread event now: it stays until someone reads it.
+if ARGV[6] ~= '0' then
+  redis.call('PERSIST', KEYS[1])
+end
 if #KEYS == 2 then
   redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[5])
 end

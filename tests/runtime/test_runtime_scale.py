@@ -1,0 +1,150 @@
+"""What a live, idle thread costs its backend: counted on a private Redis (``INFO commandstats``),
+so that no other client's commands are counted."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import redis
+import tenure
+from tenure import Event, InvalidArgument, RuntimeEvent, ThreadRun, ThreadRuntime
+from tenure.backends.redis import RedisStreamsPubSub
+from tenure.testing import eventually
+
+from ..redis.helpers import delete_prefix, wait_out_quarantine
+from ..support.redis_server import RedisServer
+
+TTL_MS = 3000
+
+
+def calls(client: redis.Redis, command: str) -> int:
+    stats: dict[str, Any] = client.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+@pytest.mark.asyncio
+async def test_the_sweep_does_not_look_at_the_threads_this_process_runs() -> None:
+    """Threads in a run (each holding its signal, unacknowledged, so each topic is in
+    the backlog index) cost the sweeps nothing: the sweep asks the backend about
+    every thread with unfinished signals but this process's own."""
+    live = 0
+    finish = asyncio.Event()
+
+    async def handler(run: ThreadRun) -> None:
+        nonlocal live
+        async for _ in run.signals():
+            live += 1
+            await finish.wait()
+            return
+
+    with RedisServer() as server:
+        wait_out_quarantine(server.url, max_ttl_ms=TTL_MS)
+        stats = redis.Redis.from_url(server.url)
+        backend = RedisStreamsPubSub.from_url(server.url, max_ttl_ms=TTL_MS)
+        try:
+            async with ThreadRuntime(
+                backend, handler, ttl_ms=TTL_MS, idle_timeout=60, sweep_interval=0.02
+            ) as rt:
+                for i in range(5):
+                    await rt.send_signal(f"t{i}", i)
+                await eventually(lambda: live == 5)
+                looked = calls(stats, "xinfo|groups") + calls(stats, "exists")
+                sweeps = calls(stats, "smembers")
+                # Each sweep reads the backlog index once.
+                await eventually(lambda: calls(stats, "smembers") >= sweeps + 10)
+                assert calls(stats, "xinfo|groups") + calls(stats, "exists") == looked
+                finish.set()
+        finally:
+            await backend.aclose()
+            stats.close()
+
+
+@pytest.mark.asyncio
+async def test_finished_threads_leave_no_keys_after_the_retention() -> None:
+    """Threads that ran and finished: with ``retention_ms``, their streams, fencing
+    counters and id guards are gone once it has passed (here: every one of them)."""
+    handled: list[Any] = []
+    released: list[str] = []
+
+    async def handler(run: ThreadRun) -> None:
+        handled.extend([signal.payload async for signal in run.signals()])
+
+    def on_event(event: RuntimeEvent) -> None:
+        if event.kind == "release":
+            released.append(event.thread_key)
+
+    with RedisServer() as server:
+        wait_out_quarantine(server.url, max_ttl_ms=TTL_MS)
+        keys = redis.Redis.from_url(server.url)
+        backend = RedisStreamsPubSub.from_url(
+            server.url, max_ttl_ms=TTL_MS, retention_ms=500, dedupe_window_ms=500
+        )
+        try:
+            async with ThreadRuntime(
+                backend, handler, ttl_ms=TTL_MS, idle_timeout=0.05, on_event=on_event
+            ) as rt:
+                for i in range(50):
+                    await rt.send_signal(f"t{i}", i)
+                await eventually(lambda: len(handled) == 50)
+                await eventually(lambda: len(released) == 50, timeout=30)
+
+                def per_thread_keys() -> list[bytes]:
+                    return [k for k in keys.scan_iter(count=1000) if b"{" in k]
+
+                assert per_thread_keys()
+                await eventually(lambda: not per_thread_keys(), timeout=30)
+        finally:
+            await backend.aclose()
+            keys.close()
+
+
+@pytest.mark.asyncio
+async def test_a_stream_left_to_expire_is_kept_by_a_publish_or_a_subscribe(
+    redis_url: str, unique: str
+) -> None:
+    """Retention never drops an event: the expiry a drained stream gets when its last
+    member leaves is removed by the next publish (an unread event) or subscribe."""
+    prefix = f"tenure-test-{unique}:"
+    backend = RedisStreamsPubSub.from_url(redis_url, prefix=prefix, retention_ms=600_000)
+    client = redis.Redis.from_url(redis_url)
+    stream = f"{prefix}{{topic}}:stream".encode()
+
+    async def handle(event: Event) -> None:
+        pass
+
+    try:
+        for keep in ("publish", "subscribe"):
+            await backend.subscribe("topic", handle, group="g")
+            assert client.pttl(stream) == -1
+            await backend.unsubscribe("topic", handle)
+            assert client.pttl(stream) > 0
+            if keep == "publish":
+                await backend.publish("topic", Event(type="t"))
+            else:
+                await backend.subscribe("topic", handle, group="g")
+                await backend.unsubscribe("topic", handle)
+                await backend.publish("topic", Event(type="t"))
+            assert client.pttl(stream) == -1
+            await backend.subscribe("topic", handle, group="g")
+            await backend.flush()
+            await backend.unsubscribe("topic", handle)
+    finally:
+        await backend.aclose()
+        client.close()
+        await delete_prefix(redis_url, prefix)
+
+
+@pytest.mark.asyncio
+async def test_retention_ms_is_checked_and_an_url_option(redis_url: str) -> None:
+    for bad in (-1, 1.5, "1000", True):
+        with pytest.raises(InvalidArgument, match="retention_ms"):
+            RedisStreamsPubSub.from_url(redis_url, retention_ms=bad)
+    backend = tenure.from_url(f"{redis_url}?retention_ms=1000")
+    try:
+        assert isinstance(backend, RedisStreamsPubSub)
+        assert backend._retention_ms == 1000
+    finally:
+        await backend.aclose()
