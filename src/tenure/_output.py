@@ -7,13 +7,16 @@ only while the writer's lease is held (see :class:`WriteFence`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ._errors import InvalidArgument
 
-__all__ = ["OutputStore", "Retention", "WriteFence"]
+__all__ = ["OutputStore", "Retention", "WriteFence", "wait_woken"]
+
+K = TypeVar("K")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +70,31 @@ class OutputStore(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+async def wait_woken(
+    store: OutputStore,
+    waiters: dict[K, list[asyncio.Future[None]]],
+    key: K,
+    stream: str,
+    after: int,
+    timeout: float,
+) -> list[tuple[int, str]]:
+    """:meth:`OutputStore.wait` for a store whose wake-ups resolve the futures kept
+    in ``waiters`` under the stream's ``key``: registered, then looked, so an append
+    in between is not missed. Returns ``[]`` (the caller reads)."""
+    waiter = asyncio.get_running_loop().create_future()
+    waiters.setdefault(key, []).append(waiter)
+    try:
+        head, _ = await store.read(stream, after, 0)
+        if head <= after:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+    except TimeoutError:
+        pass
+    finally:
+        registered = waiters.get(key, [])
+        if waiter in registered:
+            registered.remove(waiter)
+        if not registered:
+            waiters.pop(key, None)
+    return []

@@ -47,36 +47,32 @@ def check_name(value: Any, arg: str) -> str:
     # Fast path: ASCII strings are always encodable and one byte per character.
     if type(value) is str and value.isascii() and 0 < len(value) <= MAX_NAME_BYTES:
         return value
-    if not isinstance(value, str):
-        raise InvalidArgument(f"{arg} must be a str, got {type(value).__name__}")
-    if not value:
-        raise InvalidArgument(f"{arg} must not be empty")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidArgument(
-            f"{arg} must be encodable as UTF-8 (it contains a lone surrogate)"
-        ) from None
+    text, size = _utf8(value, arg)
     if size > MAX_NAME_BYTES:
         raise InvalidArgument(f"{arg} must be at most {MAX_NAME_BYTES} bytes in UTF-8, got {size}")
-    return value
+    return text
 
 
 def check_text(value: Any, arg: str) -> str:
     """Return ``value`` if it is a non-empty ``str`` encodable as UTF-8 (any length)."""
     if type(value) is str and value.isascii() and value:
         return value
+    return _utf8(value, arg)[0]
+
+
+def _utf8(value: Any, arg: str) -> tuple[str, int]:
+    """``value`` and its size in UTF-8 if it is a non-empty ``str`` encodable as UTF-8,
+    else raise :class:`InvalidArgument`."""
     if not isinstance(value, str):
         raise InvalidArgument(f"{arg} must be a str, got {type(value).__name__}")
     if not value:
         raise InvalidArgument(f"{arg} must not be empty")
     try:
-        value.encode("utf-8")
+        return value, len(value.encode("utf-8"))
     except UnicodeEncodeError:
         raise InvalidArgument(
             f"{arg} must be encodable as UTF-8 (it contains a lone surrogate)"
         ) from None
-    return value
 
 
 def check_time(value: Any, arg: str) -> float:

@@ -9,7 +9,10 @@ wakes, so a release does not stampede every waiter of the process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections import deque
+from collections.abc import Iterator
 
 __all__ = ["KeyWaiters"]
 
@@ -98,3 +101,16 @@ class KeyWaiters:
             else:
                 del self._parked[key]
         return True
+
+    @contextlib.contextmanager
+    def all_woken_after(self, log: logging.Logger, failed: str, *args: object) -> Iterator[None]:
+        """Wake every waiter when the listener in the block ends, however it ends: a
+        release it can no longer report must not leave a waiter asleep. A failure is
+        logged (``failed % (*args, type(exc).__name__)``), not raised; a cancellation
+        passes."""
+        try:
+            yield
+        except Exception as exc:
+            log.warning(failed, *args, type(exc).__name__)
+        finally:
+            self.wake_all()

@@ -80,27 +80,22 @@ class ReleaseWatch:
 
     async def _listen(self, call: Any) -> None:
         skip = len(self._p)
+        failed = "the etcd watch at %s failed (%s); waking every waiter"
         try:
-            while True:
-                reply = await call.read()
-                if not isinstance(reply, rpc.WatchResponse) or reply.canceled:
-                    break
-                for event in reply.events:
-                    if event.type == _DELETE or event.kv.value.startswith(TRANSFER_TOKEN + b":"):
-                        self._waiters.wake_one(
-                            bytes(event.kv.key[skip:]).decode("utf-8", "replace")
-                        )
-            logger.warning("the etcd watch at %s ended; waking every waiter", self._ch.where)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.warning(
-                "the etcd watch at %s failed (%s); waking every waiter",
-                self._ch.where,
-                type(exc).__name__,
-            )
+            with self._waiters.all_woken_after(logger, failed, self._ch.where):
+                while True:
+                    reply = await call.read()
+                    if not isinstance(reply, rpc.WatchResponse) or reply.canceled:
+                        break
+                    for event in reply.events:
+                        if event.type == _DELETE or event.kv.value.startswith(
+                            TRANSFER_TOKEN + b":"
+                        ):
+                            self._waiters.wake_one(
+                                bytes(event.kv.key[skip:]).decode("utf-8", "replace")
+                            )
+                logger.warning("the etcd watch at %s ended; waking every waiter", self._ch.where)
         finally:
-            self._waiters.wake_all()
             call.cancel()
 
     async def aclose(self) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg import sql
 
 from ..._errors import Fenced
+from ..._output import wait_woken
 from ._sql import _DDL_LOCK_ID, derived_name, load
 
 if TYPE_CHECKING:
@@ -138,23 +139,9 @@ class PostgresOutput:
 
     async def wait(self, stream: str, after: int, timeout: float) -> list[tuple[int, str]]:
         await self._backend._conn.listen("output wait")
-        key = stream.encode()
-        waiter = asyncio.get_running_loop().create_future()
-        self._readers.waiters.setdefault(key, []).append(waiter)
-        try:
-            # Registered first, then looked: an append in between is not missed.
-            head, _ = await self.read(stream, after, 0)
-            if head <= after:
-                await asyncio.wait_for(asyncio.shield(waiter), timeout)
-        except TimeoutError:
-            pass
-        finally:
-            waiters = self._readers.waiters.get(key, [])
-            if waiter in waiters:
-                waiters.remove(waiter)
-            if not waiters:
-                self._readers.waiters.pop(key, None)
-        return []
+        return await wait_woken(
+            self, self._readers.waiters, stream.encode(), stream, after, timeout
+        )
 
     async def aclose(self) -> None:
         pass

@@ -28,7 +28,7 @@ from ._keys import _SLOT_TAGS, _slot_tags
 from ._pipe import Pipe, pack
 from ._scripts import Script
 
-__all__ = ["RedisConnection", "RedisParts"]
+__all__ = ["RedisConnection", "RedisFields", "RedisParts"]
 
 logger = logging.getLogger("tenure.redis")
 
@@ -302,9 +302,10 @@ class RedisConnection:
             await asyncio.to_thread(_slot_tags)
 
 
-class RedisParts:
-    """What the lease half and the event half share: the connection, the key
-    prefix and the instance's name (the lease half declares the same names)."""
+class RedisFields:
+    """The names the lease half and the event half share, declared once: the
+    connection, the key prefix and the instance's name. :class:`RedisParts` sets
+    them up; the lease half reads them."""
 
     _conn: RedisConnection
     _client: Any
@@ -315,6 +316,10 @@ class RedisParts:
     _prefix: str
     _p: bytes
     _instance: str
+
+
+class RedisParts(RedisFields):
+    """What the lease half and the event half share, set up once per backend."""
 
     def _setup_connection(
         self, client: Any, *, prefix: str, strict: bool, max_concurrency: int

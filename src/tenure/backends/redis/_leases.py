@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from ..._contract import AcquireResult, LeaseRecord, RefusalReason
 from ..._doctor import Finding
 from ..._errors import BackendUnavailable, ConfigurationError
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore
-from ._connection import RedisConnection
+from ._connection import RedisFields
 from ._keys import _tag
 from ._quarantine import Quarantine
-from ._scripts import Script, load_script
+from ._scripts import load_script
 from ._wakeups import ReleaseListener
 
 __all__ = ["RedisLeases"]
@@ -59,7 +59,7 @@ def _split_value(value: bytes) -> tuple[int, str]:
     return int(token), owner.decode("utf-8")
 
 
-class RedisLeases(LeaseCore):
+class RedisLeases(RedisFields, LeaseCore):
     """Leases as Lua scripts, and release wake-ups over Redis pub/sub.
 
     A lease key holds ``"<token>:<owner>"`` with the lease's ``PX``; next to
@@ -69,18 +69,6 @@ class RedisLeases(LeaseCore):
     pub/sub connection per backend. The guarantees are in the
     :class:`~tenure.backends.redis.RedisStreamsPubSub` docstring.
     """
-
-    # The connection part, set up once by the backend's RedisParts (which it
-    # inherits through its event half): declared here, not inherited twice.
-    _conn: RedisConnection
-    _client: Any
-    _eval: Callable[[Script, Sequence[bytes], Sequence[Any]], Awaitable[Any]]
-    _call: Callable[..., Awaitable[Any]]
-    _io: Callable[..., Awaitable[Any]]
-    _where: str
-    _prefix: str
-    _p: bytes
-    _instance: str
 
     capabilities = LEASE_CAPABILITIES
     _max_ttl_reason = (

@@ -67,25 +67,18 @@ class ReleaseListener:
     async def _listen(self, pubsub: Any) -> None:
         loop = asyncio.get_running_loop()
         last_ping = loop.time()
+        failed = "lease notification connection to Redis at %s lost (%s); waking every waiter"
         try:
-            while True:
-                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                if msg is not None and msg["type"] == "message":
-                    self._waiters.wake_one(msg["data"].decode("utf-8"))
-                elif msg is None and loop.time() - last_ping > 5.0:
-                    # Detects a dead or paused server while no message flows.
-                    last_ping = loop.time()
-                    await pubsub.ping()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.warning(
-                "lease notification connection to Redis at %s lost (%s); waking every waiter",
-                self._conn.where,
-                type(exc).__name__,
-            )
+            with self._waiters.all_woken_after(logger, failed, self._conn.where):
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is not None and msg["type"] == "message":
+                        self._waiters.wake_one(msg["data"].decode("utf-8"))
+                    elif msg is None and loop.time() - last_ping > 5.0:
+                        # Detects a dead or paused server while no message flows.
+                        last_ping = loop.time()
+                        await pubsub.ping()
         finally:
-            self._waiters.wake_all()
             if self._pubsub is pubsub:
                 self._pubsub = None
             await _close_pubsub(pubsub)

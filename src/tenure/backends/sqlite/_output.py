@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..._errors import Fenced
+from ..._output import wait_woken
 from ._connection import load_sql
 from ._wake import PUBLISHED, WakeChannel
 
@@ -110,22 +111,7 @@ class SqliteOutput:
 
     async def wait(self, stream: str, after: int, timeout: float) -> list[tuple[int, str]]:
         self._channel.listen(self._woken)
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(stream, []).append(waiter)
-        try:
-            # Registered first, then looked: an append in between is not missed.
-            head, _ = await self.read(stream, after, 0)
-            if head <= after:
-                await asyncio.wait_for(asyncio.shield(waiter), timeout)
-        except TimeoutError:
-            pass
-        finally:
-            waiters = self._waiters.get(stream, [])
-            if waiter in waiters:
-                waiters.remove(waiter)
-            if not waiters:
-                self._waiters.pop(stream, None)
-        return []
+        return await wait_woken(self, self._waiters, stream, stream, after, timeout)
 
     def _woken(self, messages: list[bytes]) -> None:
         for message in messages:

@@ -177,42 +177,41 @@ def _translated(exc: Exception, pending: Pending | None) -> FenceRefused | None:
     return SqlFence.refusal(exc, pending.shown, pending.token)
 
 
+@contextmanager
+def _writing(name: str, locate: Locate | None, args: Any, kwargs: Any) -> Iterator[Pending | None]:
+    """Record what a write must fence for its run, and turn what the database says
+    when the fence refuses it into :class:`FenceRefused`."""
+    pending = _pending(name, locate, args, kwargs)
+    reset = PENDING.set(pending)
+    try:
+        yield pending
+    except Exception as exc:
+        refused = _translated(exc, pending)
+        if refused is None:
+            raise
+        raise refused from None
+    finally:
+        PENDING.reset(reset)
+
+
 def _wrap(name: str, locate: Locate | None, impl: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.iscoroutinefunction(impl):
 
         @functools.wraps(impl)
         async def awrite(self: Any, *args: Any, **kwargs: Any) -> Any:
-            pending = _pending(name, locate, args, kwargs)
-            reset = PENDING.set(pending)
-            try:
+            with _writing(name, locate, args, kwargs) as pending:
                 result = await impl(self, *args, **kwargs)
                 _checked(pending, self)
                 return result
-            except Exception as exc:
-                refused = _translated(exc, pending)
-                if refused is None:
-                    raise
-                raise refused from None
-            finally:
-                PENDING.reset(reset)
 
         return awrite
 
     @functools.wraps(impl)
     def write(self: Any, *args: Any, **kwargs: Any) -> Any:
-        pending = _pending(name, locate, args, kwargs)
-        reset = PENDING.set(pending)
-        try:
+        with _writing(name, locate, args, kwargs) as pending:
             result = impl(self, *args, **kwargs)
             _checked(pending, self)
             return result
-        except Exception as exc:
-            refused = _translated(exc, pending)
-            if refused is None:
-                raise
-            raise refused from None
-        finally:
-            PENDING.reset(reset)
 
     return write
 
