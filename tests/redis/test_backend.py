@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 import tenure
 from tenure import ConfigurationError, InvalidArgument
-from tenure.backends.redis import RedisStreamsPubSub, _tag
+from tenure.backends.redis import RedisClusterPubSub, RedisStreamsPubSub, _tag
 from tenure.backends.redis._client import client_settings
 
 from ..support.redis_server import RedisServer
@@ -207,7 +207,10 @@ def test_declared_capabilities() -> None:
         | C.DEDUPE
         | C.RECLAIM
         | C.BACKLOG
+        | C.FENCED_TAKES
     )
+    # A cluster keeps a lease and a stream in different slots: no fenced take there.
+    assert not RedisClusterPubSub.capabilities & C.FENCED_TAKES
 
 
 def test_key_encoding_is_injective_and_keeps_one_hash_tag() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 from typing import cast
@@ -18,13 +17,14 @@ from typing import cast
 from .._errors import TenureError
 from .._pubsub import Event, LeaseFence
 from ._context import SessionContext
+from ._control import Control
 from ._identity import Holder
 from ._inbox import Inbox
 from ._lease import ThreadLease
 from ._log import CLOSE_MARKER, GROUP, FencedLog
-from ._policies import RULES, SendRule, overtake
+from ._policies import SendRule
 from ._run import RunEnd, ThreadRun, call_handler, ended_as, finish, stop
-from ._types import EventKind, Signal
+from ._types import EventKind
 
 __all__ = ["Session"]
 
@@ -56,8 +56,14 @@ class Session:
         self.lost = self.lease.lost
         self.taken_at = time.monotonic()  # when this process took the thread over
         self._runs = 0
+        self.control = Control(ctx, thread_key)
         self.inbox = Inbox(
-            thread_key, holder.sid, self._takes, self.lost, self._skipped, self._coalesced
+            thread_key,
+            holder.sid,
+            self._takes,
+            self.lost,
+            lambda signal: self.control.skipped(self.run_id, signal),
+            lambda signal_id, into: self.control.coalesced(self.run_id, signal_id, into),
         )
         self.closing = False
         self.done = False
@@ -70,8 +76,6 @@ class Session:
         self._subscribed = False
         # Any sender may choose a policy that tells the owner, whatever ours is.
         self._control: str | None = ctx.names.control(thread_key)
-        # The run an interrupting signal asked to roll back, until on_rollback ran.
-        self._rollback: str | None = None
         self._control_subscribed = False
         # The event still to emit when the first run starts (a watcher's "takeover"),
         # and its detail: the run id of the owner the sweep last saw hold the thread.
@@ -103,24 +107,6 @@ class Session:
     def _takes(self) -> bool:
         return not self.done and self.lease.renewer.check()
 
-    def _skipped(self, signal: Signal) -> None:
-        self._ctx.emit(
-            "interrupted",
-            self.thread_key,
-            run_id=self.run_id,
-            signal_id=signal.id,
-            detail="skipped",
-        )
-
-    def _coalesced(self, signal_id: str, into: str) -> None:
-        self._ctx.emit(
-            "coalesced",
-            self.thread_key,
-            run_id=self.run_id,
-            signal_id=signal_id,
-            detail=f"into {into}",
-        )
-
     # -- what senders of this process do ---------------------------------------
 
     def sent_here(self, rule: SendRule, signal_id: str, sent_at: float) -> None:
@@ -130,19 +116,13 @@ class Session:
             self._late_send = True
 
     def _overtake(self, rule: SendRule, signal_id: str, sent_at: float) -> None:
-        run = self.run
-        cancelled = overtake(rule, run, self._run_task, self.inbox, signal_id, sent_at)
-        if cancelled and rule.rolls_back and run is not None:
-            self._rollback = run.run_id
+        self.control.overtake(rule, self.run, self._run_task, self.inbox, signal_id, sent_at)
 
     async def on_control(self, event: Event) -> None:
         """A sender elsewhere asks the owner to apply its policy (a fan-out subscription)."""
-        data = event.data if isinstance(event.data, dict) else {}
-        signal_id, sent_at = data.get("signal"), data.get("sent_at")
-        policy = data.get("policy")
-        rule = RULES.get(policy, self._ctx.rule) if isinstance(policy, str) else self._ctx.rule
-        if isinstance(signal_id, str) and isinstance(sent_at, int | float):
-            self._overtake(rule, signal_id, float(sent_at))
+        asked = self.control.asked(event)
+        if asked is not None:
+            self._overtake(*asked)
 
     # -- opening ---------------------------------------------------------------
 
@@ -239,7 +219,7 @@ class Session:
                 if self._runs and not await self._handover():
                     break
                 await self._run_once()
-                await self._roll_back()
+                await self.control.roll_back()
         except asyncio.CancelledError:
             if _asked_to_stop():
                 raise
@@ -343,22 +323,6 @@ class Session:
             self.run, self._run_task = None, None
             finish(run, end, leaving=self.lost.is_set() or end == "lost" or stopped)
             ctx.emit("run_end", self.thread_key, run_id=run.run_id, token=run.token, detail=end)
-
-    async def _roll_back(self) -> None:
-        """Before the next run: remove the effects of a run a ``rollback`` signal interrupted."""
-        run_id, self._rollback = self._rollback, None
-        hook = self._ctx.settings.on_rollback
-        if run_id is None or hook is None:
-            return
-        detail = "ok"
-        try:
-            result = hook(self.thread_key, run_id)
-            if inspect.isawaitable(result):
-                await result
-        except Exception as exc:
-            logger.exception("on_rollback of run %s (thread %r) raised", run_id, self.thread_key)
-            detail = f"failed: {type(exc).__name__}"
-        self._ctx.emit("rollback", self.thread_key, run_id=run_id, detail=detail)
 
     async def _handover(self) -> bool:
         """Move the lease to the next run; ``False`` if it was no longer held."""

@@ -18,7 +18,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 from ..._errors import BackendUnavailable
 from ..._pubsub import Callback, Event
@@ -170,6 +170,14 @@ class _OutcomeWriter:
                     pause = _SETTLE_RETRY
         finally:
             self._idle.set()
+
+
+class Sql(Protocol):
+    """A statement run on the events' connection (``PostgresEvents._sql``)."""
+
+    async def __call__(
+        self, op: str, query: str, params: dict[str, Any], *, retry: bool = False
+    ) -> list[tuple[Any, ...]]: ...
 
 
 # Clean-up statements, in order: (operation, statement of _Queries).
@@ -471,7 +479,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
                     await self._heartbeat()
                 if now >= next_prune:
                     next_prune = now + opts.prune_interval
-                    await self._prune()
+                    await _prune(self._sql, self._events_q, self._event_opts.retention)
             except BackendUnavailable as exc:
                 self._wake_all()  # each take finds out for itself
                 logger.warning("cannot keep claims alive or prune: %s", exc)
@@ -479,12 +487,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
     async def _wake_due(self) -> None:
         """Wake the groups with claims to take now, found in one statement for all."""
         groups = self._groups()
-        if not groups:
-            return
-        rows = await self._sql(
-            "find due events", self._events_q.claim_due, {"ids": [g.gid for g in groups]}
-        )
-        due = {int(gid) for (gid,) in rows}
+        due = await _due(self._sql, self._events_q, [g.gid for g in groups]) if groups else set()
         for group in groups:
             if group.gid in due or group.unsure:
                 group.wake.set()
@@ -523,12 +526,6 @@ class PostgresEvents(ClaimedEvents[_Group]):
         group.held.clear()
         group.wake.set()
 
-    async def _prune(self) -> None:
-        retention = {"retention": self._event_opts.retention}
-        for op, name in _PRUNE:
-            params = retention if name == "event_expire" else {}
-            await self._sql(op, getattr(self._events_q, name), params, retry=True)
-
     # -- closing ----------------------------------------------------------------------
 
     async def _close_events(self) -> None:
@@ -540,3 +537,15 @@ class PostgresEvents(ClaimedEvents[_Group]):
             await self._settle_all()
         except BackendUnavailable as exc:
             logger.warning("could not hand back taken events on close: %s", exc)
+
+
+async def _due(sql: Sql, q: _Queries, ids: list[int]) -> set[int]:
+    """Which of the groups ``ids`` have claims to take now."""
+    return {int(gid) for (gid,) in await sql("find due events", q.claim_due, {"ids": ids})}
+
+
+async def _prune(sql: Sql, q: _Queries, retention: float) -> None:
+    """Delete dead groups, orphaned claims, events past ``retention`` and old waiters."""
+    for op, name in _PRUNE:
+        params = {"retention": retention} if name == "event_expire" else {}
+        await sql(op, getattr(q, name), params, retry=True)

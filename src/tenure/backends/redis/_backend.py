@@ -12,7 +12,6 @@ from redis.asyncio.cluster import RedisCluster
 
 from ..._contract import Capability
 from ..._errors import ConfigurationError, InvalidArgument
-from ..._output import OutputStore
 from ..._validate import MAX_TTL_MS
 from ._client import client_from_url, client_settings
 from ._leases import RedisLeases
@@ -257,12 +256,6 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     capabilities = RedisLeases.capabilities | RedisStreams.capabilities
     _cluster_client = False
     _client_kind = "redis.asyncio.Redis (a Sentinel master_for() client is one)"
-
-    def output_store(self) -> OutputStore:
-        """A store of thread output streams on this backend (``ThreadRuntime(output=...)``)."""
-        from ._output import RedisOutput
-
-        return RedisOutput(self)
 
     def __init__(
         self,

@@ -33,6 +33,7 @@ logger = logging.getLogger("tenure.redis")
 
 _SETTLE = load_script("settle")
 _FENCED = load_script("fenced")
+_JOIN = load_script("join")
 _FENCED_RETRY = 0.1  # seconds before a read that the fence held off looks again
 _NOSCRIPT: Any = object()  # a pipelined take found lua/fenced.lua not loaded
 # Acknowledgements written by one run of the script at most.
@@ -96,9 +97,9 @@ class StreamReader(RedisParts):
 
     async def _create_group(self, sub: _Sub) -> None:
         if self._retention_ms:
-            # A stream someone reads never expires (see lua/hand_back.lua); first,
-            # so that it cannot expire between the group's creation and this.
-            await self._io(self._client.persist, sub.stream)
+            # With the PERSIST in the same step: a stream someone reads never expires.
+            await self._eval(_JOIN, (sub.stream,), (sub.group,))
+            return
         try:
             await self._io(self._client.xgroup_create, sub.stream, sub.group, "$", mkstream=True)
         except BackendUnavailable as exc:

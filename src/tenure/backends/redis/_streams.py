@@ -17,12 +17,13 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from redis.exceptions import ResponseError
 
 from ..._contract import Capability
 from ..._errors import BackendUnavailable, ConfigurationError, InvalidArgument
+from ..._output import OutputStore
 from ..._pubsub import (
     Callback,
     Event,
@@ -37,11 +38,15 @@ from ._keys import _tag
 from ._reading import _RETURNED, _RETURNED_IDLE_MS, StreamReader, _Sub
 from ._scripts import load_script
 
+if TYPE_CHECKING:
+    from ._backend import RedisStreamsPubSub
+
 __all__ = ["RedisStreams"]
 
 logger = logging.getLogger("tenure.redis")
 
 _HAND_BACK = load_script("hand_back")
+_FANOUT_END = load_script("fanout_end")
 _PUBLISH = load_script("publish")
 _RECLAIM = load_script("reclaim")
 _BACKLOG = load_script("backlog")
@@ -71,6 +76,13 @@ class RedisStreams(StreamReader, PubSub):
         def _check_open(self) -> None: ...
 
         def _lease_key(self, key: str) -> tuple[bytes, bytes]: ...
+
+    def output_store(self) -> OutputStore:
+        """A store of thread output streams on this backend (``ThreadRuntime(output=...)``):
+        its appends are fenced by the leases of the backend this half is part of."""
+        from ._output import RedisOutput
+
+        return RedisOutput(cast("RedisStreamsPubSub", self))
 
     def _setup_streams(
         self,
@@ -306,9 +318,8 @@ class RedisStreams(StreamReader, PubSub):
         first (see ``unsubscribe``), in the same script that deletes the
         member, so none is dropped with it.
         """
-        client = self._client
         if sub.fanout:
-            await self._io(client.xgroup_destroy, sub.stream, sub.group)
+            await self._eval(_FANOUT_END, (sub.stream,), (sub.group, self._retention_ms))
             return
         try:
             # What its callback finished is acknowledged, not handed back.
