@@ -127,6 +127,8 @@ class DemoState:
                 self.note(t, f"{w} LOST {thread}: {r.get('detail')}", True)
             else:
                 self.note(t, f"{w} released {thread}")
+        elif ev == "refused":
+            self.note(t, f"{w}: the backend refuses {thread} to everyone ({r.get('detail')})", True)
 
 
 def render(state: DemoState, title: str) -> RenderableType:

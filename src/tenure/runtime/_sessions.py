@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from typing import cast
 
-from .._contract import Capability, LeaseProvider, capabilities_of
+from .._contract import Capability, LeaseProvider, RefusalReason, capabilities_of
 from .._errors import BackendClosed, TenureError
 from .._pubsub import Callback
 from ._context import SessionContext, Settings
@@ -70,7 +70,17 @@ class Sessions:
         # Topics whose consumer group is known to exist (LRU).
         self._known: OrderedDict[str, None] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
+        # When each thread's quarantine refusal was last announced (once a second).
+        self._refused: dict[str, float] = {}
         self.closed = False
+
+    def _announce_refusal(self, thread_key: str, retry_after_ms: int | None) -> None:
+        now = time.monotonic()
+        if now - self._refused.get(thread_key, -1.0) < 1.0:
+            return
+        self._refused[thread_key] = now
+        detail = f"quarantine: retry in {retry_after_ms} ms"
+        self.ctx.emit("refused", thread_key, detail=detail)
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -125,7 +135,10 @@ class Sessions:
         sent = time.monotonic()
         result = await ctx.provider.acquire_lease(name, holder.owner, ctx.settings.ttl_ms)
         if not result.acquired:
+            if result.reason == RefusalReason.QUARANTINE:
+                self._announce_refusal(thread_key, result.retry_after_ms)
             return None, result.owner
+        self._refused.pop(thread_key, None)
         session = Session(ctx, thread_key, holder, result.token, sent)
         self._by_key[thread_key] = session
         await session.open()

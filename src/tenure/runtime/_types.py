@@ -34,6 +34,7 @@ EventKind = Literal[
     "coalesced",
     "rollback",
     "run_end",
+    "refused",
 ]
 
 
@@ -111,6 +112,11 @@ class RuntimeEvent:
     whose run receives it in ``Signal.coalesced``. A ``"rollback"`` event says
     ``on_rollback`` was called for the interrupted run ``run_id`` (``detail``:
     ``"ok"`` or the error it raised).
+
+    A ``"refused"`` event says the backend refuses the thread's lease to
+    everyone for a while (``detail``: ``"quarantine: retry in <ms> ms"``, a
+    Redis that may have lost leases); sends and the sweep wait it out. It comes
+    at most once a second per thread.
     """
 
     kind: EventKind
