@@ -269,3 +269,46 @@ async def test_histograms_have_buckets_that_tell_subsecond_durations_apart() -> 
     bounds = list(_histogram("tenure.lease.handoff.duration")[0].explicit_bounds)
     [bucket] = _buckets_hit(before, handoffs())
     assert bucket > 0 and bounds[bucket - 1] >= 0.25, (bounds, bucket)  # not in (0, 5]
+
+
+_PROMETHEUS = """\
+import asyncio
+
+from opentelemetry import metrics
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from prometheus_client import generate_latest
+
+metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+
+import tenure
+from tenure.telemetry import instrument
+
+
+async def main() -> None:
+    async with tenure.from_url("memory://") as raw:
+        backend = instrument(raw)
+        for _ in range(20):
+            await backend.acquire_lease("job", "alice", 5000)
+
+
+asyncio.run(main())
+print(generate_latest().decode())
+"""
+
+
+def test_prometheus_scrapes_subsecond_calls_into_buckets_of_their_own() -> None:
+    """Through the real Prometheus exporter, in a process of its own (a reader joins one
+    MeterProvider): calls of well under a millisecond fill the low buckets, not (0, 5]."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROMETHEUS], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    counts = {
+        float(line.split('le="', 1)[1].split('"', 1)[0]): float(line.rsplit(" ", 1)[1])
+        for line in done.stdout.splitlines()
+        if line.startswith("tenure_lease_operation_duration_seconds_bucket{")
+        and 'tenure_operation="acquire_lease"' in line
+    }
+    assert min(counts) <= 0.001 and counts[max(b for b in counts if b <= 0.01)] == 20
+    assert any(n > 0 for b, n in counts.items() if b <= 0.0025), counts
