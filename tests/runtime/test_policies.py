@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,8 @@ async def test_coalesce_one_more_run_sees_every_signal_sent_meanwhile_in_order()
             await asyncio.wait_for(handler.busy.wait(), 5)
             sent = [await other.send_signal("t", n) for n in range(4)]
             sent.append(await owner.send_signal("t", 4, policy="coalesce"))
-            await eventually(lambda: len(of_kind(events, "coalesced")) == 4)
+            # The owner knows of every coalescing signal before the run ends.
+            await eventually(lambda: len(of_kind(events, "coalescing")) == 5)
             handler.go.set()
             await eventually(lambda: len(handler.taken) == 2)
             await eventually(lambda: not owner.owned_threads())
@@ -256,3 +258,50 @@ async def test_a_late_request_never_affects_a_newer_signal(tmp_path: Path, polic
         assert payloads() == ["start", "A", "B", "D"]
         assert [s.payload for s in taken[-1][1].coalesced] == ["C"]
         assert rolled == []
+
+
+@pytest.mark.asyncio
+async def test_coalesce_follows_the_log_not_the_senders_clocks(tmp_path: Path) -> None:
+    # Two senders elsewhere: X is stored first but stamped 5 s later than Y (a
+    # sender's clock ahead, or a stamp taken before a slow insert). The owner
+    # learns of both while busy. The last in the log (Y) runs, with X carried
+    # into it: one further run, never X alone and then Y.
+    taken: list[Signal] = []
+    go = asyncio.Event()
+    events: list[RuntimeEvent] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            taken.append(signal)
+            if signal.payload == "start":
+                await go.wait()
+
+    async with (
+        from_url(f"sqlite:///{tmp_path / 'tenure.db'}") as sqlite,
+        ThreadRuntime(sqlite, handler, idle_timeout=10, on_event=events.append) as rt,
+    ):
+        log: Any = sqlite
+        await rt.send_signal("t", "start")
+        await eventually(lambda: [s.payload for s in taken] == ["start"])
+        now = time.time()
+
+        async def sent_elsewhere(payload: str, stamped: float) -> Event:
+            data = {"thread": "t", "payload": payload, "policy": "coalesce"}
+            event = Event(SIGNAL_TYPE, data, created_at=stamped)
+            stored: Event = await log.publish(rt.topic("t"), event)
+            return stored
+
+        x = await sent_elsewhere("X", now + 5)
+        y = await sent_elsewhere("Y", now)
+        for signal in (y, x):  # the requests, in either order
+            data = {"signal": signal.id, "sent_at": signal.created_at, "policy": "coalesce"}
+            await log.publish(rt.names.control("t"), Event(INTERRUPT, data))
+        await eventually(lambda: len(of_kind(events, "coalescing")) == 2)
+        go.set()
+        await eventually(lambda: len(taken) == 2)
+        await asyncio.sleep(0.3)  # nothing else runs
+    assert [s.payload for s in taken] == ["start", "Y"]
+    assert [s.payload for s in taken[1].coalesced] == ["X"]
+    assert [(e.signal_id, e.detail) for e in of_kind(events, "coalesced")] == [
+        (x.id, f"into {y.id}")
+    ]

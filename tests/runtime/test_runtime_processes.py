@@ -60,12 +60,19 @@ class Worker:
         ]
 
     async def wait(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not predicate():
-                self.changed.clear()
-                if self.proc.returncode is not None and self._reader.done():
-                    raise AssertionError(f"{self.name} exited: {self.lines[-5:]}")
-                await self.changed.wait()
+        try:
+            async with asyncio.timeout(timeout):
+                while not predicate():
+                    self.changed.clear()
+                    if self.proc.returncode is not None and self._reader.done():
+                        raise AssertionError(f"{self.name} exited: {self.lines[-5:]}")
+                    await self.changed.wait()
+        except TimeoutError:
+            # What the process did, so a failure on a loaded machine can be read.
+            told = "\n".join(json.dumps(d) for d in self.lines[-40:])
+            raise AssertionError(
+                f"{self.name}: not so after {timeout} s; last lines:\n{told}"
+            ) from None
 
     async def send(
         self, thread: str, payload: Any, signal_id: str | None = None, policy: str | None = None

@@ -12,6 +12,7 @@ at once and drop the event after ``max_attempts``, so raising there could lose i
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -24,8 +25,16 @@ from ._types import Signal
 
 __all__ = ["Inbox", "Pending", "Settle", "settle"]
 
+logger = logging.getLogger("tenure.runtime")
+
 Settle = Literal["ack", "retry", "abandon"]
 
+
+# A coalescing signal whose request came first is waited for while signals are
+# read, but not when one sent this many seconds after it (senders' clocks) comes
+# first, nor when nothing is read for _CARRY_GRACE_S: it went to another owner.
+_STALE_S = 10.0
+_CARRY_GRACE_S = 2.0
 
 # How many ids of signals handed to a run an inbox remembers, so that a request
 # about one of them is known to come too late (it follows its signal closely).
@@ -92,12 +101,14 @@ class Inbox:
         # Set by a request whose signal has not arrived yet: (its id, its send time).
         self._skip_until: tuple[str, float] | None = None
         self._taken: OrderedDict[str, None] = OrderedDict()
-        # Set by a coalescing request whose signal has not arrived yet: (its id,
-        # its send time); and the signals carried into it meanwhile, in order.
-        self._carry_until: tuple[str, float] | None = None
+        # Coalescing, in log order: the signals whose coalescing request came
+        # before the signal itself (id: send time), each later in the log than
+        # everything read so far; the signals carried meanwhile (acknowledged,
+        # oldest first), handed to the run of the last of them to arrive; and the
+        # timer that ends a carry whose requested signals stop coming.
+        self._coming: dict[str, float] = {}
         self._carried: list[Signal] = []
-        # Ids already told to on_coalesced before they arrived.
-        self._announced: set[str] = set()
+        self._carry_timer: asyncio.TimerHandle | None = None
         # The idle timer of the waits, and the deadline of the wait under way
         # (the loop's clock); see wait().
         self._timer: asyncio.TimerHandle | None = None
@@ -166,8 +177,13 @@ class Inbox:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + idle_timeout
             while not self.buffer:
-                if self._lost.is_set() or loop.time() >= deadline:
+                if self._lost.is_set():
                     return None
+                if loop.time() >= deadline:
+                    if not self._carried:
+                        return None
+                    # Signals carried into a coalescing one are on their way to a run.
+                    deadline = loop.time() + _CARRY_GRACE_S
                 await self.wait(deadline)
         if self._lost.is_set():
             return None
@@ -256,72 +272,90 @@ class Inbox:
         return True
 
     def carry_through(self, signal_id: str, sent_at: float) -> None:
-        """Settle as coalesced into ``signal_id`` the signals waiting before it.
+        """Carry into the coalescing signal ``signal_id`` the signals waiting before it.
 
-        The run of ``signal_id`` receives them in ``Signal.coalesced``, oldest
-        first; each is acknowledged when it reaches this inbox, not before, so
-        a signal this owner had no time to read stays in the log for the next.
-        :attr:`on_coalesced` is told of each as soon as it is known to be
-        replaced: a signal waiting here, or one whose request named it (it is
-        read one at a time behind the active run's). As in
-        :meth:`skip_through`, when ``signal_id`` has not arrived the signals
-        sent no later than ``sent_at`` are carried as they arrive; of several
-        requests, the one of the newest signal is the one that runs.
+        Decided in log order, never on the senders' clocks: the run of the last
+        coalescing signal to arrive receives every signal carried before it in
+        ``Signal.coalesced``, oldest first, and :attr:`on_coalesced` is told of
+        each then. A signal is acknowledged when it is carried (it has reached
+        this inbox), not before, so one this owner had no time to read stays in
+        the log for the next. When ``signal_id`` has not arrived, it comes later
+        in the log than everything read so far: every signal read until it
+        arrives is carried (a signal sent ``_STALE_S`` after it, by the senders'
+        clocks, ends that wait; so does ``_CARRY_GRACE_S`` with nothing read,
+        the newest carried signal then running with the others).
         """
-        target = self._carry_until
-        if target is not None and target[0] != signal_id and target[1] > sent_at:
-            self._announce(signal_id, target[0])  # an older request: carried into the newer
-            return
+        if any(s.id == signal_id for s in self._carried):
+            return  # carried already: a later coalescing signal was known to come
         waiting = [p.signal.id for p in self.buffer]
-        if signal_id in waiting:
-            older = [self.buffer.popleft() for _ in range(waiting.index(signal_id))]
-            self._carry_until = None
-        else:
-            if target is not None and target[0] != signal_id:
-                self._announce(target[0], signal_id)
-            self._carry_until = (signal_id, sent_at)
-            older = [p for p in self.buffer if p.signal.sent_at <= sent_at]
-            for pending in older:
-                self.buffer.remove(pending)
-        for pending in older:
-            self._carry(pending.signal, signal_id)
-            settle(pending, "ack")
-        if signal_id in waiting:
-            head = self.buffer[0]
-            head.signal = self._with_carried(head.signal)
-
-    def _announce(self, signal_id: str, into: str) -> None:
-        """``signal_id``, not read yet, will be carried into ``into``: say so now."""
-        if signal_id in self._announced or any(s.id == signal_id for s in self._carried):
+        if signal_id not in waiting:
+            if signal_id in self.inflight:
+                return  # being handled: nothing waits before it any more
+            self._coming[signal_id] = sent_at
+            self._carry_waiting(len(self.buffer))
             return
-        if len(self._announced) >= _TAKEN_KEPT:
-            self._announced.clear()
-        self._announced.add(signal_id)
-        self._on_coalesced(signal_id, into)
+        if self._coming:
+            # Another coalescing signal, later in the log, is still to come.
+            self._carry_waiting(waiting.index(signal_id) + 1)
+            return
+        self._carry_waiting(waiting.index(signal_id))
+        head = self.buffer[0]
+        head.signal = self._with_carried(head.signal)
 
-    def _carry(self, signal: Signal, into: str) -> None:
+    def _carry_waiting(self, count: int) -> None:
+        """Carry the first ``count`` waiting signals (they precede a coalescing one)."""
+        for _ in range(count):
+            pending = self.buffer.popleft()
+            self._carry(pending.signal)
+            settle(pending, "ack")
+
+    def _carry(self, signal: Signal) -> None:
         self._carried.extend(signal.coalesced)
         self._carried.append(replace(signal, coalesced=()))
-        if signal.id in self._announced:
-            self._announced.discard(signal.id)
-        else:
-            self._on_coalesced(signal.id, into)
+        if self._carry_timer is not None:
+            self._carry_timer.cancel()
+        self._carry_timer = asyncio.get_running_loop().call_later(_CARRY_GRACE_S, self._end_carry)
 
     def _with_carried(self, signal: Signal) -> Signal:
+        """``signal`` with the signals carried into it; each is now settled as coalesced."""
+        if self._carry_timer is not None:
+            self._carry_timer.cancel()
+            self._carry_timer = None
         carried, self._carried = self._carried, []
-        return replace(signal, coalesced=(*carried, *signal.coalesced)) if carried else signal
+        if not carried:
+            return signal
+        for old in carried:
+            self._on_coalesced(old.id, signal.id)
+        return replace(signal, coalesced=(*carried, *signal.coalesced))
 
     def _carried_into(self, signal: Signal) -> Signal | None:
-        """``signal`` as a run should see it under a coalescing request, or
-        ``None`` when it is carried into the requesting signal."""
-        if self._carry_until is None:
+        """``signal`` as a run should see it, or ``None`` when it is carried into a
+        coalescing signal still to come (later in the log)."""
+        if not self._coming and not self._carried:
             return signal
-        signal_id, sent_at = self._carry_until
-        if signal.id == signal_id or signal.sent_at > sent_at:
-            self._carry_until = None
-            return self._with_carried(signal)
-        self._carry(signal, signal_id)
-        return None
+        self._coming.pop(signal.id, None)
+        for signal_id, sent_at in list(self._coming.items()):
+            if signal.sent_at > sent_at + _STALE_S:
+                del self._coming[signal_id]  # it would have come by now: taken elsewhere
+        if self._coming:
+            self._carry(signal)
+            return None
+        return self._with_carried(signal)
+
+    def _end_carry(self) -> None:
+        """Nothing read for a while: the requested signals are not coming (another
+        owner took them); the newest carried signal runs, with the others."""
+        self._carry_timer = None
+        self._coming.clear()
+        if not self._carried:
+            return
+        *older, newest = self._carried
+        self._carried = older
+        # Acknowledged when it was carried: a run failing on it cannot have it back.
+        pending = Pending(self._with_carried(newest))
+        self.inflight[newest.id] = pending
+        self.buffer.append(pending)
+        self.arrived.set()
 
     # -- the end ---------------------------------------------------------------
 
@@ -330,6 +364,21 @@ class Inbox:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._carry_timer is not None:
+            self._carry_timer.cancel()
+            self._carry_timer = None
+        if self._carried:
+            # Acknowledged when read, waiting for a coalescing signal this session
+            # will not read: the next owner runs that one without them.
+            logger.warning(
+                "thread %r: %d signal(s) carried into a coalescing signal not yet read "
+                "are dropped as the session ends: %s",
+                self.thread_key,
+                len(self._carried),
+                ", ".join(s.id for s in self._carried),
+            )
+            self._carried = []
+        self._coming.clear()
         while self.buffer:
             settle(self.buffer.popleft(), "abandon")
         for pending in list(self.inflight.values()):

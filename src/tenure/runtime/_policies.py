@@ -94,6 +94,7 @@ def overtake(
     if inbox.was_taken(signal_id):
         return False  # handled, or being handled: nothing sent before it waits any more
     if rule.carries_older:
+        run.emit("coalescing", signal_id, "waits behind the run")
         inbox.carry_through(signal_id, sent_at)
         return False
     current = current_signal(run)

@@ -31,6 +31,7 @@ EventKind = Literal[
     "takeover",
     "lost",
     "interrupted",
+    "coalescing",
     "coalesced",
     "rollback",
     "run_end",
@@ -107,9 +108,12 @@ class RuntimeEvent:
     ``"cancelled"`` (the runtime's ``aclose()`` cancelled it); the run's
     ``tenure run`` span records the same as ``tenure.run.end``.
 
-    A ``"coalesced"`` event names a signal (``signal_id``) settled as replaced
-    under the ``coalesce`` policy; ``detail`` is ``"into <id>"``, the signal
-    whose run receives it in ``Signal.coalesced``. A ``"rollback"`` event says
+    A ``"coalescing"`` event says the owner learnt, while a run was active, of
+    a signal (``signal_id``) sent under the ``coalesce`` policy: the signals
+    waiting before it will be carried into it. A ``"coalesced"`` event names a
+    signal (``signal_id``) settled as replaced under the ``coalesce`` policy;
+    ``detail`` is ``"into <id>"``, the signal whose run receives it in
+    ``Signal.coalesced`` (it comes when that signal is read, in log order). A ``"rollback"`` event says
     ``on_rollback`` was called for the interrupted run ``run_id`` (``detail``:
     ``"ok"`` or the error it raised).
 
