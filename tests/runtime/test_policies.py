@@ -305,3 +305,40 @@ async def test_coalesce_follows_the_log_not_the_senders_clocks(tmp_path: Path) -
     assert [(e.signal_id, e.detail) for e in of_kind(events, "coalesced")] == [
         (x.id, f"into {y.id}")
     ]
+
+
+@pytest.mark.asyncio
+async def test_a_coalescing_signal_that_never_comes_does_not_hold_the_others(
+    tmp_path: Path,
+) -> None:
+    # The owner learns of a coalescing signal that another owner had taken (it
+    # never reaches this one). The signals read meanwhile are carried while the
+    # owner waits for it, then run: the newest with the others.
+    taken: list[Signal] = []
+    go = asyncio.Event()
+    events: list[RuntimeEvent] = []
+
+    async def handler(run: ThreadRun) -> None:
+        async for signal in run.signals():
+            taken.append(signal)
+            if signal.payload == "start":
+                await go.wait()
+
+    async with (
+        from_url(f"sqlite:///{tmp_path / 'tenure.db'}") as sqlite,
+        ThreadRuntime(sqlite, handler, idle_timeout=0.5, on_event=events.append) as rt,
+    ):
+        log: Any = sqlite
+        await rt.send_signal("t", "start")
+        await eventually(lambda: [s.payload for s in taken] == ["start"])
+        gone = {"signal": "taken-elsewhere", "sent_at": time.time(), "policy": "coalesce"}
+        await log.publish(rt.names.control("t"), Event(INTERRUPT, gone))
+        for payload in ("A", "B"):
+            data = {"thread": "t", "payload": payload, "policy": "enqueue"}
+            await log.publish(rt.topic("t"), Event(SIGNAL_TYPE, data))
+        await eventually(lambda: len(of_kind(events, "coalescing")) == 1)
+        go.set()
+        await eventually(lambda: len(taken) == 2, timeout=10)
+        await eventually(lambda: not rt.owned_threads(), timeout=10)
+    assert [s.payload for s in taken] == ["start", "B"]
+    assert [s.payload for s in taken[1].coalesced] == ["A"]

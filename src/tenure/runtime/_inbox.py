@@ -352,9 +352,7 @@ class Inbox:
         *older, newest = self._carried
         self._carried = older
         # Acknowledged when it was carried: a run failing on it cannot have it back.
-        pending = Pending(self._with_carried(newest))
-        self.inflight[newest.id] = pending
-        self.buffer.append(pending)
+        self.buffer.append(Pending(self._with_carried(newest)))
         self.arrived.set()
 
     # -- the end ---------------------------------------------------------------
