@@ -38,6 +38,14 @@ _FENCED_RETRY = 0.1  # seconds before a read that the fence held off looks again
 _NOSCRIPT: Any = object()  # a pipelined take found lua/fenced.lua not loaded
 # Acknowledgements written by one run of the script at most.
 _ACK_BATCH = 256
+# Every entry a take hands a consumer counts one delivery, and a consumer that
+# dies leaves the ones it never reached counted all the same: behind one event
+# that kills its reader (or readers killed in a row), innocent entries would
+# reach max_attempts and be dropped. Entries are therefore claimed back (from a
+# dead member, or one's own after a failure) one at a time, each just before its
+# callback gets it: a death costs a delivery only to the entry being handled and
+# to the new entries of the read under way (one, on a fenced subscription).
+_CLAIM_BATCH = 1
 # The consumer that holds handed-back and reclaimed entries until a member takes
 # them. Real members are named "<instance hex>-<n>", so it cannot collide with one.
 _RETURNED = b"tenure.returned"
@@ -84,6 +92,13 @@ class _Sub:
     stopped: bool = False
     # Entries whose callback returned, not yet acknowledged (see write_acks).
     acks: list[bytes] = field(default_factory=list)
+
+    @property
+    def batch(self) -> int:
+        """How many new entries one read takes (see ``_CLAIM_BATCH``): a fenced
+        subscription (a runtime's thread, handled one signal at a time) takes one,
+        so a delivery is counted only for the entry its callback gets."""
+        return 1 if self.fence is not None else 64
 
 
 class StreamReader(RedisParts):
@@ -183,7 +198,7 @@ class StreamReader(RedisParts):
         take them after the lease is gone; the wait is a plain ``XREAD BLOCK``
         (which takes nothing) with the take pipelined after it."""
         take = (
-            b"XREADGROUP", b"GROUP", sub.group, sub.consumer, b"COUNT", 64,
+            b"XREADGROUP", b"GROUP", sub.group, sub.consumer, b"COUNT", sub.batch,
             b"STREAMS", sub.stream, b">",
         )  # fmt: skip
         if sub.newest is None:
@@ -202,7 +217,7 @@ class StreamReader(RedisParts):
         reply, newest = done
         entries = [(entry_id, _fields(raw)) for entry_id, raw in _entries(reply)]
         # Fewer than asked for: nothing newer was left to take.
-        sub.newest = newest if len(entries) < 64 else None
+        sub.newest = newest if len(entries) < sub.batch else None
         return entries
 
     async def _wait_then_take(self, sub: _Sub, take: tuple[Any, ...]) -> Any:
@@ -259,7 +274,7 @@ class StreamReader(RedisParts):
         client = self._client
         while True:
             pending = await self._io(
-                client.xpending_range, sub.stream, sub.group, "-", "+", 64, sub.consumer
+                client.xpending_range, sub.stream, sub.group, "-", "+", _CLAIM_BATCH, sub.consumer
             )
             if not pending:
                 return
@@ -271,7 +286,7 @@ class StreamReader(RedisParts):
             for entry_id, fields in claimed:
                 await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
             await self.write_acks(sub)
-            if len(pending) < 64:
+            if len(pending) < _CLAIM_BATCH:
                 return
 
     async def _take(self, sub: _Sub, holder: bytes | None = None) -> None:
@@ -288,7 +303,7 @@ class StreamReader(RedisParts):
                 sub.group,
                 start,
                 "+",
-                64,
+                _CLAIM_BATCH,
                 consumername=holder,
                 idle=self._claim_idle_ms,
             )
@@ -304,7 +319,7 @@ class StreamReader(RedisParts):
                 for entry_id, fields in claimed:
                     await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
                 await self.write_acks(sub)
-            if len(pending) < 64:
+            if len(pending) < _CLAIM_BATCH:
                 return
             start = b"(" + pending[-1]["message_id"]
 

@@ -60,6 +60,14 @@ _PRUNE_DEAD_CLAIMS = load_sql("claim_prune_dead")
 _PRUNE_ORPHAN_CLAIMS = load_sql("claim_prune_orphans")
 
 _BATCH = 100  # events claimed per fetch
+# Each claim taken counts a delivery, and a member that dies leaves the claims it
+# never reached counted all the same: behind one event that kills its reader (or
+# readers killed in a row), innocent events would reach max_attempts and be
+# dropped. So a fetch takes at most one redelivery (and then nothing new: the
+# redelivery is older), just before its callback gets it; and a fenced
+# subscription (a runtime's thread, handled one signal at a time) takes new
+# events one at a time too. A death then costs a delivery only to the event
+# being handled and to the new events of the fetch under way.
 _FENCED_RETRY = 0.1  # seconds before a fetch that the fence held off looks again
 
 
@@ -179,7 +187,8 @@ class EventLog:
             if row is None:
                 return None
             cursor: int = row[0]
-            for event_id, attempt, body in conn.execute(_DUE_CLAIMS, (gid, now, _BATCH)).fetchall():
+            # Redeliveries one at a time (see _BATCH), spent ones dropped on the way.
+            for event_id, attempt, body in conn.execute(_DUE_CLAIMS, (gid, now, _BATCH)):
                 if body is None or attempt >= self.opts.max_attempts:
                     conn.execute(_DELETE_CLAIM, (gid, event_id))
                     if body is not None:
@@ -187,8 +196,10 @@ class EventLog:
                     continue
                 conn.execute(_TAKE_CLAIM, (attempt + 1, visible, self.consumer, gid, event_id))
                 claimed.append((event_id, attempt + 1, body))
-            if len(claimed) < _BATCH:
-                cursor = self._claim_fresh(conn, gid, topic, cursor, visible, claimed)
+                break
+            if not claimed:
+                batch = 1 if fence[0] else _BATCH
+                cursor = self._claim_fresh(conn, gid, topic, cursor, visible, claimed, batch)
         return claimed, cursor, dropped
 
     def _claim_fresh(
@@ -199,10 +210,10 @@ class EventLog:
         cursor: int,
         visible: float,
         claimed: list[tuple[int, int, str]],
+        batch: int,
     ) -> int:
-        """Claim events after ``cursor`` up to a full batch (added to ``claimed``); the new cursor."""
-        room = _BATCH - len(claimed)
-        fresh = conn.execute(_FRESH_EVENTS, (topic, cursor, room)).fetchall()
+        """Claim up to ``batch`` events after ``cursor`` (added to ``claimed``); the new cursor."""
+        fresh = conn.execute(_FRESH_EVENTS, (topic, cursor, batch)).fetchall()
         if not fresh:
             return cursor
         conn.executemany(
@@ -464,7 +475,11 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
                 self._dropped(group, event_id, attempts)
             group.queue_claimed(claimed)
             group.progress.set()
-            if len(claimed) >= _BATCH:
+            full = len(claimed) >= (1 if group.fence_arrays()[0] else _BATCH)
+            if full or any(attempt > 1 for _, attempt, _ in claimed):
+                # More may wait (a redelivery is taken alone, see _BATCH): take
+                # again once these are handled, so no claim counts a delivery
+                # before its callback can get it.
                 await group.queue.join()
                 group.wake.set()
 

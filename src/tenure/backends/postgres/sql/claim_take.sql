@@ -2,7 +2,8 @@
 -- handed back, reclaimed, or not acknowledged within the visibility timeout),
 -- oldest event first. SKIP LOCKED: members taking at once never wait for each
 -- other, and each claim goes to one of them. Rows come back in no particular
--- order (the caller sorts them); attempt counts this delivery.
+-- order (the caller sorts them); attempt counts this delivery. While a
+-- redelivery is due, one claim at a time.
 -- The commit does not wait for the WAL flush (synchronous_commit off, for this
 -- transaction only): a take lost in a server crash leaves its claims due
 -- again, so they are delivered again (at least once), and an acknowledgement,
@@ -41,7 +42,14 @@ WITH n AS (
                  OR (%(retake)s AND consumer = %(consumer)s
                      AND NOT (event_id = ANY(%(held)s::bigint[]))))
           ORDER BY event_id
-          LIMIT %(limit)s
+          -- One at a time while a redelivery is due: each claim taken counts a
+          -- delivery, and claims a member took and never reached (it died)
+          -- would otherwise count one more each time, until innocent events
+          -- behind one that kills its readers reach max_attempts.
+          LIMIT CASE WHEN EXISTS (SELECT 1 FROM {claims}
+                                  WHERE group_id = %(group)s AND attempt > 0
+                                    AND visible_at <= {now}())
+                     THEN 1 ELSE %(limit)s END
           FOR UPDATE SKIP LOCKED) AS s,
          {events} AS e
     WHERE c.group_id = s.group_id AND c.event_id = s.event_id AND e.id = c.event_id
