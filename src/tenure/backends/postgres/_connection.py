@@ -130,38 +130,10 @@ class PgConnection:
             ping_interval=ping_interval,
         )
 
-    # -- names ----------------------------------------------------------------------
-
-    @property
-    def schema(self) -> str:
-        return self.names.schema
-
-    @property
-    def table(self) -> str:
-        return self.names.table
-
-    @property
-    def channel(self) -> str:
-        """The NOTIFY channel of lease releases."""
-        return self.names.channel
-
-    @property
-    def event_channel(self) -> str:
-        """The NOTIFY channel of published events."""
-        return self.names.event_channel
-
     @property
     def where(self) -> str:
         """The database, for messages: ``postgresql://user@host:port/db`` without secrets."""
         return self.errors.where
-
-    @property
-    def secrets(self) -> tuple[str | None, ...]:
-        return self.errors.secrets
-
-    def render(self, name: str) -> str:
-        """``sql/<name>.sql`` with the schema, table and clock names composed in."""
-        return self.names.render(name)
 
     # -- errors ----------------------------------------------------------------
 

@@ -203,7 +203,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
         self._writer = _OutcomeWriter(
             self._outcomes, self._write_batch, opts.visibility_timeout, lambda: self._closed
         )
-        self._events_q = _Queries.rendered(self._conn.render)
+        self._events_q = _Queries.rendered(self._conn.names.render)
         self._conn.on_events(self._on_event_notify, self._wake_all)
 
     async def _sql(
@@ -217,7 +217,9 @@ class PostgresEvents(ClaimedEvents[_Group]):
         try:
             topic = bytes.fromhex(payload).decode("utf-8")
         except ValueError:
-            logger.warning("ignoring a malformed notification on %s", self._conn.event_channel)
+            logger.warning(
+                "ignoring a malformed notification on %s", self._conn.names.event_channel
+            )
             return
         self._wake(topic)
 
@@ -236,7 +238,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
             "body": event.to_json(),
             "source": source,
             "keep": self._event_opts.dedupe_window if given else 0.0,
-            "channel": self._conn.event_channel,
+            "channel": self._conn.names.event_channel,
         }
         # With a caller id a retry after a broken connection is safe: the first
         # attempt, if it was stored, is found and returned.
@@ -295,7 +297,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
         taken = await self._sql(
             "reclaim",
             self._events_q.claim_reclaim,
-            {"topic": topic, "name": name, "channel": self._conn.event_channel},
+            {"topic": topic, "name": name, "channel": self._conn.names.event_channel},
             retry=True,
         )
         return [(event_id, attempt, consumer) for event_id, attempt, consumer, _ in taken]
@@ -343,7 +345,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 {
                     **_claim_arrays(self._consumer, [(target.gid, e, a) for e, a in unfinished]),
                     "topic": target.topic.encode(),
-                    "channel": self._conn.event_channel,
+                    "channel": self._conn.names.event_channel,
                 },
                 retry=True,
             )

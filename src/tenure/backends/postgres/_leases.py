@@ -229,8 +229,8 @@ class PostgresLeaseProvider(LeaseCore):
             on_notify=self._on_notify,
             on_gap=self._waiters.wake_all,
         )
-        self._channel = self._conn.channel
-        self._q = _Statements.rendered(self._conn.render)
+        self._channel = self._conn.names.channel
+        self._q = _Statements.rendered(self._conn.names.render)
         # This instance's name in the waiters table.
         self._waiter_id = uuid.uuid4()
 
@@ -258,11 +258,11 @@ class PostgresLeaseProvider(LeaseCore):
 
     @property
     def schema(self) -> str:
-        return self._conn.schema
+        return self._conn.names.schema
 
     @property
     def table(self) -> str:
-        return self._conn.table
+        return self._conn.names.table
 
     # -- the lease methods ---------------------------------------------------------
 
