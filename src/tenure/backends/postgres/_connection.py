@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import psycopg
@@ -226,13 +226,7 @@ class PgConnection:
             if self._owns_pool:
                 await self._prepare_directly(op)
             else:
-                try:
-                    async with self.pool.connection() as conn:
-                        await self.names.create_leases(conn)
-                except PoolTimeout as exc:
-                    raise await self._diagnosed(op, exc) from exc
-                except psycopg.Error as exc:
-                    raise self.error(op, exc) from exc
+                await self._create(op, self.names.create_leases)
             self._ready = True
 
     async def _prepare_directly(self, op: str) -> None:
@@ -259,14 +253,20 @@ class PgConnection:
         async with self._ready_lock:
             if self.events_ready:
                 return
-            try:
-                async with self.pool.connection() as conn:
-                    await self.names.create_events(conn)
-            except PoolTimeout as exc:
-                raise await self._diagnosed(op, exc) from exc
-            except psycopg.Error as exc:
-                raise self.error(op, exc) from exc
+            await self._create(op, self.names.create_events)
             self.events_ready = True
+
+    async def _create(
+        self, op: str, create: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
+    ) -> None:
+        """``create`` (some tables) on a pooled connection, its failures translated."""
+        try:
+            async with self.pool.connection() as conn:
+                await create(conn)
+        except PoolTimeout as exc:
+            raise await self._diagnosed(op, exc) from exc
+        except psycopg.Error as exc:
+            raise self.error(op, exc) from exc
 
     # -- statements ------------------------------------------------------------------
 
