@@ -60,7 +60,9 @@ async def test_a_release_nobody_waits_for_sends_no_notification(
     # Notifications arrive in commit order: had the first release notified,
     # its notification would come before the second one's.
     async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as listener:
-        await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(backend._conn.channel)))
+        await listener.execute(
+            sql.SQL("LISTEN {}").format(sql.Identifier(backend._conn.names.channel))
+        )
         await backend.acquire_lease("unwatched", "alice", 30_000)
         await backend.acquire_lease("watched", "alice", 30_000)
         await backend.release_lease("unwatched", "alice")

@@ -25,7 +25,6 @@ your transaction (psycopg 3, sqlite3, aiosqlite); the LangGraph savers in
 from __future__ import annotations
 
 import abc
-import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -136,7 +135,6 @@ class PostgresFencedStore(FencedStore):
                 "PostgresFencedStore needs psycopg: pip install 'tenure[postgres]'"
             ) from None
         self._fence = SqlFence(f"{table}_fence", schema=schema)
-        self._conninfo = conninfo
         self._table = table
         self._schema = schema
         self._pg = PgConnection(
@@ -152,9 +150,8 @@ class PostgresFencedStore(FencedStore):
             listen_conninfo=None,
             on_notify=lambda _channel: None,
             on_gap=lambda: None,
+            component="PostgresFencedStore",
         )
-        self._ready = False
-        self._ready_lock = asyncio.Lock()
 
     def __repr__(self) -> str:
         return f"PostgresFencedStore({self._pg.where!r}, table={self._table!r})"
@@ -166,33 +163,13 @@ class PostgresFencedStore(FencedStore):
             return f'"{self._table}"'
         return f'"{self._schema}"."{self._table}"'
 
-    async def _prepare(self, op: str) -> None:
-        """First use: the credentials checked on one direct connection, the tables
-        created, then the pool opened."""
-        if self._ready:
-            return
-        import psycopg
-
-        async with self._ready_lock:
-            if self._ready:
-                return
-            if self._pg.closed:
-                raise BackendClosed("PostgresFencedStore is closed")
-            try:
-                conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
-                try:
-                    await self._fence.asetup(conn)
-                    await conn.execute(
-                        f"CREATE TABLE IF NOT EXISTS {self._qualified}"
-                        " (key bytea PRIMARY KEY, token bigint NOT NULL, value json)"
-                    )
-                finally:
-                    await conn.close()
-            except psycopg.Error as exc:
-                raise self._pg.error(op, exc) from exc
-            await self._pg.pool.open(wait=False)
-            self._pg.opened = True
-            self._ready = True
+    async def _create(self, conn: Any) -> None:
+        """The fence's tables and the value table, unless they exist."""
+        await self._fence.asetup(conn)
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {self._qualified}"
+            " (key bytea PRIMARY KEY, token bigint NOT NULL, value json)"
+        )
 
     async def _run(self, op: str, work: Callable[[Any], Awaitable[T]]) -> T:
         import psycopg
@@ -200,7 +177,7 @@ class PostgresFencedStore(FencedStore):
 
         if self._pg.closed:
             raise BackendClosed("PostgresFencedStore is closed")
-        await self._prepare(op)
+        await self._pg.prepare(op, self._create)
 
         async def call() -> T:
             async with self._pg.pool.connection() as conn:

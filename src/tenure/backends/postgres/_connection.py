@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import psycopg
@@ -37,6 +37,8 @@ logger = logging.getLogger("tenure.postgres")
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
+#: What first use runs on one connection to create the tables it needs.
+Create = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 
 # How long a statement past its time limit may take to be cancelled on the
 # server before its connection is closed instead.
@@ -69,8 +71,10 @@ class PgConnection:
         on_notify: Callable[[str], None],
         on_gap: Callable[[], None],
         ping_interval: float = 5.0,
+        component: str = "PostgresLeaseProvider",
     ) -> None:
         self.names = PgNames(schema, table)
+        self._component = component  # what is closed, for BackendClosed
         check_settings(
             conninfo=conninfo,
             min_size=min_size,
@@ -130,38 +134,10 @@ class PgConnection:
             ping_interval=ping_interval,
         )
 
-    # -- names ----------------------------------------------------------------------
-
-    @property
-    def schema(self) -> str:
-        return self.names.schema
-
-    @property
-    def table(self) -> str:
-        return self.names.table
-
-    @property
-    def channel(self) -> str:
-        """The NOTIFY channel of lease releases."""
-        return self.names.channel
-
-    @property
-    def event_channel(self) -> str:
-        """The NOTIFY channel of published events."""
-        return self.names.event_channel
-
     @property
     def where(self) -> str:
         """The database, for messages: ``postgresql://user@host:port/db`` without secrets."""
         return self.errors.where
-
-    @property
-    def secrets(self) -> tuple[str | None, ...]:
-        return self.errors.secrets
-
-    def render(self, name: str) -> str:
-        """``sql/<name>.sql`` with the schema, table and clock names composed in."""
-        return self.names.render(name)
 
     # -- errors ----------------------------------------------------------------
 
@@ -242,35 +218,31 @@ class PgConnection:
 
     # -- first use -----------------------------------------------------------------
 
-    async def prepare(self, op: str) -> None:
-        """First use: check the credentials and create the table (once)."""
+    async def prepare(self, op: str, create: Create | None = None) -> None:
+        """First use, once: check the credentials and ``create`` the tables (by
+        default the lease tables; a fenced store on this connection creates its own)."""
         if self._ready:
             return
         async with self._ready_lock:
             if self._ready:
                 return
             if self.closed:
-                raise BackendClosed("PostgresLeaseProvider is closed")
+                raise BackendClosed(f"{self._component} is closed")
+            create = create or self.names.create_leases
             if self._owns_pool:
-                await self._prepare_directly(op)
+                await self._prepare_directly(op, create)
             else:
-                try:
-                    async with self.pool.connection() as conn:
-                        await self.names.create_leases(conn)
-                except PoolTimeout as exc:
-                    raise await self._diagnosed(op, exc) from exc
-                except psycopg.Error as exc:
-                    raise self.error(op, exc) from exc
+                await self._create(op, create)
             self._ready = True
 
-    async def _prepare_directly(self, op: str) -> None:
+    async def _prepare_directly(self, op: str, create: Create) -> None:
         """One direct connection first: a wrong password, role or database is then
         a prompt ConfigurationError, not a pool timeout, and the pool starts only
         once it can connect."""
         try:
             conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
             try:
-                await self.names.create_leases(conn)
+                await create(conn)
             finally:
                 await conn.close()
         except psycopg.Error as exc:
@@ -287,14 +259,18 @@ class PgConnection:
         async with self._ready_lock:
             if self.events_ready:
                 return
-            try:
-                async with self.pool.connection() as conn:
-                    await self.names.create_events(conn)
-            except PoolTimeout as exc:
-                raise await self._diagnosed(op, exc) from exc
-            except psycopg.Error as exc:
-                raise self.error(op, exc) from exc
+            await self._create(op, self.names.create_events)
             self.events_ready = True
+
+    async def _create(self, op: str, create: Create) -> None:
+        """``create`` (some tables) on a pooled connection, its failures translated."""
+        try:
+            async with self.pool.connection() as conn:
+                await create(conn)
+        except PoolTimeout as exc:
+            raise await self._diagnosed(op, exc) from exc
+        except psycopg.Error as exc:
+            raise self.error(op, exc) from exc
 
     # -- statements ------------------------------------------------------------------
 

@@ -17,13 +17,14 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..._errors import BackendUnavailable
 from ..._pubsub import Callback, Event
 from .._claimed import ClaimedEvents, ClaimGroup, EventOptions, Outcome
 from ._connection import PgConnection
+from ._sql import Statements
 
 __all__ = ["PostgresEvents"]
 
@@ -37,8 +38,8 @@ _FENCED_RETRY = 0.1  # seconds before a take that the fence held off looks again
 _RECHECK = 0.05  # seconds after a take that found claims and one that found none: one more
 
 
-@dataclass(frozen=True)
-class _Queries:
+@dataclass(frozen=True, slots=True)
+class _Queries(Statements):
     """The event statements, each ``sql/<field name>.sql`` rendered for the schema."""
 
     claim_due: str
@@ -58,10 +59,6 @@ class _Queries:
     group_join: str
     group_prune_dead: str
     waiter_prune: str
-
-    @classmethod
-    def render(cls, render: Callable[[str], str]) -> _Queries:
-        return cls(**{f.name: render(f.name) for f in fields(cls)})
 
 
 @dataclass(eq=False)
@@ -206,7 +203,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
         self._writer = _OutcomeWriter(
             self._outcomes, self._write_batch, opts.visibility_timeout, lambda: self._closed
         )
-        self._events_q = _Queries.render(self._conn.render)
+        self._events_q = _Queries.rendered(self._conn.names.render)
         self._conn.on_events(self._on_event_notify, self._wake_all)
 
     async def _sql(
@@ -220,7 +217,9 @@ class PostgresEvents(ClaimedEvents[_Group]):
         try:
             topic = bytes.fromhex(payload).decode("utf-8")
         except ValueError:
-            logger.warning("ignoring a malformed notification on %s", self._conn.event_channel)
+            logger.warning(
+                "ignoring a malformed notification on %s", self._conn.names.event_channel
+            )
             return
         self._wake(topic)
 
@@ -239,7 +238,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
             "body": event.to_json(),
             "source": source,
             "keep": self._event_opts.dedupe_window if given else 0.0,
-            "channel": self._conn.event_channel,
+            "channel": self._conn.names.event_channel,
         }
         # With a caller id a retry after a broken connection is safe: the first
         # attempt, if it was stored, is found and returned.
@@ -298,7 +297,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
         taken = await self._sql(
             "reclaim",
             self._events_q.claim_reclaim,
-            {"topic": topic, "name": name, "channel": self._conn.event_channel},
+            {"topic": topic, "name": name, "channel": self._conn.names.event_channel},
             retry=True,
         )
         return [(event_id, attempt, consumer) for event_id, attempt, consumer, _ in taken]
@@ -346,7 +345,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 {
                     **_claim_arrays(self._consumer, [(target.gid, e, a) for e, a in unfinished]),
                     "topic": target.topic.encode(),
-                    "channel": self._conn.event_channel,
+                    "channel": self._conn.names.event_channel,
                 },
                 retry=True,
             )

@@ -6,7 +6,7 @@ import logging
 import uuid
 import warnings
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit, urlunsplit
 
@@ -18,6 +18,7 @@ from ..._errors import ConfigurationError
 from ..._url_options import parse_query, to_bool, to_int, to_seconds
 from .._core import LEASE_CAPABILITIES, PAGE, LeaseCore, prefix_range
 from ._connection import PgConnection
+from ._sql import Statements
 
 __all__ = ["PostgresLeaseProvider"]
 
@@ -78,7 +79,7 @@ def _split_url(
 
 
 @dataclass(frozen=True, slots=True)
-class _Statements:
+class _Statements(Statements):
     """The lease statements of ``sql/``, rendered for one instance's names."""
 
     acquire: str
@@ -90,10 +91,6 @@ class _Statements:
     waiter_register: str
     scan: str
     revoke: str
-
-    @classmethod
-    def rendered(cls, render: Callable[[str], str]) -> _Statements:
-        return cls(**{f.name: render(f.name) for f in fields(cls)})
 
 
 class PostgresLeaseProvider(LeaseCore):
@@ -232,8 +229,8 @@ class PostgresLeaseProvider(LeaseCore):
             on_notify=self._on_notify,
             on_gap=self._waiters.wake_all,
         )
-        self._channel = self._conn.channel
-        self._q = _Statements.rendered(self._conn.render)
+        self._channel = self._conn.names.channel
+        self._q = _Statements.rendered(self._conn.names.render)
         # This instance's name in the waiters table.
         self._waiter_id = uuid.uuid4()
 
@@ -261,11 +258,11 @@ class PostgresLeaseProvider(LeaseCore):
 
     @property
     def schema(self) -> str:
-        return self._conn.schema
+        return self._conn.names.schema
 
     @property
     def table(self) -> str:
-        return self._conn.table
+        return self._conn.names.table
 
     # -- the lease methods ---------------------------------------------------------
 

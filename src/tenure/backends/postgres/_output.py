@@ -70,8 +70,8 @@ class PostgresOutput:
     def __init__(self, backend: PostgresPubSub) -> None:
         self._backend = backend
         conn = backend._conn
-        output = sql.Identifier(conn.schema, derived_name(conn.table, "_output"))
-        self._output_name = derived_name(conn.table, "_output")
+        output = sql.Identifier(conn.names.schema, derived_name(conn.names.table, "_output"))
+        self._output_name = derived_name(conn.names.table, "_output")
         names = {**conn.names.identifiers(), "output": output}
         self._q_schema = sql.SQL(load("output_schema")).format(**names).as_string(None)
         self._q_append = sql.SQL(load("output_append")).format(**names).as_string(None)
@@ -118,7 +118,7 @@ class PostgresOutput:
             "count": len(bodies),
             "max_items": retention.max_items,
             "max_age": retention.max_age,
-            "channel": self._backend._conn.event_channel,
+            "channel": self._backend._conn.names.event_channel,
             "payload": (_MARK + stream.encode()).hex(),
         }
         rows = await self._backend._conn.execute(

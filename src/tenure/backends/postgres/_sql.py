@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from importlib import resources
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 from psycopg import sql
 
 from ..._errors import ConfigurationError
 
-__all__ = ["PgNames", "check_identifier", "derived_name", "load"]
+__all__ = ["PgNames", "Statements", "check_identifier", "derived_name", "load"]
 
 logger = logging.getLogger("tenure.postgres")
 
@@ -50,6 +52,16 @@ _EXISTS = sql.SQL(
 def load(name: str) -> str:
     """The text of ``sql/<name>.sql``, shipped as package data."""
     return (resources.files("tenure.backends.postgres") / "sql" / f"{name}.sql").read_text("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Statements:
+    """A set of statements, one per field of a subclass: ``sql/<field name>.sql``."""
+
+    @classmethod
+    def rendered(cls, render: Callable[[str], str]) -> Self:
+        """Every field's file, rendered by ``render`` (one instance's names composed in)."""
+        return cls(**{f.name: render(f.name) for f in fields(cls)})
 
 
 def check_identifier(value: Any, what: str) -> str:

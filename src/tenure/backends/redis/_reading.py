@@ -269,6 +269,19 @@ class StreamReader(RedisParts):
             return None
         return [(entry[0], _fields(entry[1])) for entry in done[0] or () if entry]
 
+    async def _claim_and_handle(
+        self, sub: _Sub, min_idle_ms: int, counts: dict[bytes, int]
+    ) -> bool:
+        """Claim the entries of ``counts`` (id: deliveries so far), handle each one as
+        its next attempt and write the acknowledgements; ``False`` when fenced off."""
+        claimed = await self._claim(sub, min_idle_ms, list(counts))
+        if claimed is None:
+            return False
+        for entry_id, fields in claimed:
+            await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
+        await self.write_acks(sub)
+        return True
+
     async def _redeliver_own(self, sub: _Sub) -> None:
         """Handle the entries this consumer was given but never acknowledged."""
         client = self._client
@@ -280,12 +293,8 @@ class StreamReader(RedisParts):
                 return
             counts = {p["message_id"]: int(p["times_delivered"]) for p in pending}
             # XCLAIM to ourselves bumps the delivery count and returns the entries.
-            claimed = await self._claim(sub, 0, list(counts))
-            if claimed is None:
+            if not await self._claim_and_handle(sub, 0, counts):
                 return  # fenced off: the lease's next holder reclaims them
-            for entry_id, fields in claimed:
-                await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
-            await self.write_acks(sub)
             if len(pending) < _CLAIM_BATCH:
                 return
 
@@ -310,15 +319,10 @@ class StreamReader(RedisParts):
             counts = {
                 p["message_id"]: int(p["times_delivered"]) for p in pending if p["consumer"] != me
             }
-            if counts:
-                # The min-idle makes a race with another member's claim harmless:
-                # the first claim resets the idle time, so the second takes nothing.
-                claimed = await self._claim(sub, self._claim_idle_ms, list(counts))
-                if claimed is None:
-                    return  # fenced off
-                for entry_id, fields in claimed:
-                    await self._handle(sub, entry_id, fields, counts.get(entry_id, 1) + 1)
-                await self.write_acks(sub)
+            # The min-idle makes a race with another member's claim harmless:
+            # the first claim resets the idle time, so the second takes nothing.
+            if counts and not await self._claim_and_handle(sub, self._claim_idle_ms, counts):
+                return  # fenced off
             if len(pending) < _CLAIM_BATCH:
                 return
             start = b"(" + pending[-1]["message_id"]
