@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.pregel import Pregel
 from langgraph.types import interrupt
@@ -46,6 +47,7 @@ def build_agent(
 
     async def slow(state: State) -> dict[str, Any]:
         if "slow" in _text(state):
+            get_stream_writer()({"pausing": "slow"})  # "think" is checkpointed by now
             await pause()
         return {"steps": ["slow"]}
 

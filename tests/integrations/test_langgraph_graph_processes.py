@@ -1,0 +1,163 @@
+"""``graph_handler`` across real processes on real SQLite files (leases, signals and
+output in one, checkpoints in another): the owner SIGKILLed in the middle of a
+graph, the next owner resumes from the last checkpoint and the thread completes;
+an ``interrupt()`` answered by a signal sent from another process, run by the owner.
+
+The reader is this process: a runtime on its own backend object that is never
+started (it reads the output, it runs nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+import tenure
+from tenure.integrations.langgraph import resume
+from tenure.runtime import OutputItem, ThreadRun, ThreadRuntime
+from tests.runtime.test_runtime_processes import Worker
+from tests.support.agent_graph import SLOW_ENV, build_agent
+
+ROOT = Path(__file__).resolve().parents[2]
+THREAD = "chat-1"
+
+
+class Workers:
+    def __init__(self, tmp_path: Path) -> None:
+        self.leases = f"sqlite:///{tmp_path}/leases.db"
+        self.checkpoints = str(tmp_path / "checkpoints.db")
+        self.workers: list[Worker] = []
+
+    async def start(self, name: str, slow: float = 0.0) -> Worker:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.integrations.langgraph_graph_worker",
+            self.leases,
+            self.checkpoints,
+            name,
+            cwd=ROOT,
+            env={**os.environ, SLOW_ENV: str(slow)},
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        worker = Worker(name, proc)
+        self.workers.append(worker)
+        await worker.wait(lambda: bool(worker.of("ready")), timeout=60)
+        return worker
+
+    async def state(self) -> dict[str, Any]:
+        async with AsyncSqliteSaver.from_conn_string(self.checkpoints) as saver:
+            graph = build_agent(saver)
+            snapshot = await graph.aget_state({"configurable": {"thread_id": THREAD}})
+            return dict(snapshot.values)
+
+
+@pytest_asyncio.fixture
+async def workers(tmp_path: Path) -> AsyncIterator[Workers]:
+    spawned = Workers(tmp_path)
+    try:
+        yield spawned
+    finally:
+        for worker in spawned.workers:
+            if worker.proc.returncode is None:
+                worker.resume()
+        await asyncio.gather(*(w.quit() for w in spawned.workers))
+
+
+async def nothing(run: ThreadRun) -> None:
+    async for _ in run.signals():
+        pass
+
+
+@pytest_asyncio.fixture
+async def reader(workers: Workers) -> AsyncIterator[ThreadRuntime]:
+    async with tenure.from_url(workers.leases) as backend:
+        runtime = ThreadRuntime(backend, nothing, output=True)
+        try:
+            yield runtime
+        finally:
+            await runtime.aclose()
+
+
+async def read_until(
+    runtime: ThreadRuntime, done: Any, after: int = 0, timeout: float = 60
+) -> list[OutputItem]:
+    items: list[OutputItem] = []
+    async with asyncio.timeout(timeout):
+        async for item in runtime.follow(THREAD, after=after):
+            items.append(item)
+            if done(items):
+                return items
+    raise AssertionError("unreachable")
+
+
+def updated(item: OutputItem) -> str | None:
+    return next(iter(item.data)) if item.kind == "updates" else None
+
+
+def finished(signal_id: str) -> Any:
+    return lambda items: any(
+        i.kind == "signal_finished" and i.signal_id == signal_id for i in items
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_an_owner_killed_mid_graph_is_resumed_from_its_last_checkpoint(
+    workers: Workers, reader: ThreadRuntime
+) -> None:
+    first = await workers.start("a", slow=600)
+    sent = await first.send(THREAD, {"messages": [("user", "slow answer please")]})
+    before = await read_until(reader, lambda items: any(i.kind == "custom" for i in items))
+    first.kill()  # inside the slow step: "think" is checkpointed, "slow" is not
+    await first.proc.wait()
+    await workers.start("b")  # its sweep takes the thread once a's lease expires
+    items = await read_until(reader, finished(sent["signal_id"]), after=before[-1].position)
+
+    kinds = [i.kind for i in items]
+    assert "run_lost" in kinds
+    resumed = [updated(i) for i in items if updated(i)]
+    assert resumed == ["slow", "chat", "approve"]  # "think" did not run again
+    assert "".join(i.data["content"] for i in items if i.kind == "messages") == (
+        "you said: slow answer please"
+    )
+    state = await workers.state()
+    assert state["steps"] == ["think", "slow", "chat", "approve"]
+    assert [(m.type, m.content) for m in state["messages"]] == [
+        ("human", "slow answer please"),
+        ("ai", "you said: slow answer please"),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_an_interrupt_is_resumed_by_a_signal_sent_from_another_process(
+    workers: Workers, reader: ThreadRuntime
+) -> None:
+    owner = await workers.start("owner")
+    other = await workers.start("other")
+    asked = await owner.send(THREAD, {"messages": [("user", "approve the refund")]})
+    items = await read_until(reader, finished(asked["signal_id"]))
+    (question,) = [i.data for i in items if i.kind == "interrupt"]
+    assert question[0]["value"] == {"question": "approve?"}
+    runs = {i.run_id: i.data["process"] for i in items if i.kind == "run_started"}
+
+    answered = await other.send(THREAD, resume("granted"))
+    assert answered["outcome"] == "deliver"  # the owner's run is still active: routed to it
+    items = await read_until(reader, finished(answered["signal_id"]), after=items[-1].position)
+    ran = {i.run_id for i in items if i.signal_id == answered["signal_id"]}
+    runs.update({i.run_id: i.data["process"] for i in items if i.kind == "run_started"})
+    assert {runs[r] for r in ran} == {"owner"}
+    assert [updated(i) for i in items if updated(i)] == ["approve"]
+    state = await workers.state()
+    assert state["messages"][-1].content == "approved: granted"
+    assert state["steps"] == ["think", "slow", "chat", "approve"]
