@@ -3,7 +3,7 @@
 ``python -m tests.integrations.langgraph_graph_worker LEASES_URL CHECKPOINTS NAME``.
 
 It speaks the protocol of ``tests/runtime/test_runtime_processes.Worker``: commands
-on stdin (``send``, ``quit``), ``ready`` and ``sent`` on stdout. The ``slow`` step
+on stdin (``send``, ``quit``), ``ready``, ``sent`` and each runtime ``event`` on stdout. The ``slow`` step
 sleeps ``TENURE_TEST_SLOW`` seconds in this process.
 """
 
@@ -42,6 +42,7 @@ async def main(leases: str, checkpoints: str, name: str) -> None:
             process_id=name,
             output=True,
             on_rollback=agent.on_rollback,
+            on_event=lambda e: say(op="event", kind=e.kind, run=e.run_id, detail=e.detail),
         ) as runtime:
             await runtime.start()
             say(op="ready")

@@ -10,7 +10,10 @@ started (it reads the output, it runs nothing).
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import os
+import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -161,3 +164,46 @@ async def test_an_interrupt_is_resumed_by_a_signal_sent_from_another_process(
     state = await workers.state()
     assert state["messages"][-1].content == "approved: granted"
     assert state["steps"] == ["think", "slow", "chat", "approve"]
+
+
+def committed_tokens(path: str) -> list[int]:
+    """The fencing tokens of the thread's checkpoints, in the order they were committed."""
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(
+            "SELECT metadata FROM checkpoints WHERE thread_id = ? ORDER BY rowid", (THREAD,)
+        ).fetchall()
+    conn.close()
+    return [int(json.loads(m)["fencing_token"]) for (m,) in rows]
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_an_owner_paused_mid_graph_past_its_ttl_writes_nothing_after_its_successor(
+    workers: Workers, reader: ThreadRuntime
+) -> None:
+    paused = await workers.start("a", slow=2)  # its step ends while it is stopped
+    sent = await paused.send(THREAD, {"messages": [("user", "slow answer please")]})
+    before = await read_until(reader, lambda items: any(i.kind == "custom" for i in items))
+    paused.pause()
+    await workers.start("b")
+    items = await read_until(reader, finished(sent["signal_id"]), after=before[-1].position)
+    paused.resume()
+    await paused.wait(lambda: bool(paused.of("event", kind="run_end")), timeout=60)
+    (end,) = paused.of("event", kind="run_end")
+    assert end["detail"] in ("lost", "failed")  # stopped at its next step, or refused there
+
+    tokens = committed_tokens(workers.checkpoints)
+    assert [(a, b) for a, b in itertools.pairwise(tokens) if b < a] == []
+    successor = {i.run_id for i in items if i.kind == "run_started"}
+    assert {i.run_id for i in items if i.kind == "messages"} <= successor
+    state = await workers.state()
+    assert [(m.type, m.content) for m in state["messages"]] == [
+        ("human", "slow answer please"),
+        ("ai", "you said: slow answer please"),
+    ]
+    assert state["steps"] == ["think", "slow", "chat", "approve"]
+    head = await reader.last_position(THREAD)
+    everything = await read_until(reader, lambda got: got[-1].position >= head)
+    first_of_successor = min(i.position for i in everything if i.run_id in successor)
+    late = [i for i in everything if i.position > first_of_successor and i.kind != "run_lost"]
+    assert {i.run_id for i in late} <= successor  # nothing of the paused owner after it
