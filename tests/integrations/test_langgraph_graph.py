@@ -138,6 +138,7 @@ async def test_rollback_removes_the_interrupted_runs_checkpoints(
     else:  # what the rollback removes: the interrupted run's input and steps
         assert ("human", "slow one") in messages(state)
         assert busy_checkpoints
+    assert agent._interrupted == {}  # nothing kept for a rollback that never comes
 
 
 @pytest.mark.asyncio

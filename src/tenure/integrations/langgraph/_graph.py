@@ -106,9 +106,9 @@ class GraphHandler:
         self.config = config
         self.input = input
         self.durability = durability
-        # An interrupted run of this process, until its rollback: (thread, run) ->
-        # (the signal it was handling, its token).
-        self._interrupted: dict[tuple[str, str], tuple[str, int | None]] = {}
+        # A thread's interrupted run in this process, until its rollback or the
+        # thread's next run: thread -> (run, the signal it was handling, its token).
+        self._interrupted: dict[str, tuple[str, str, int | None]] = {}
 
     def config_for(self, run: ThreadRun, signal: Signal) -> RunnableConfig:
         """The config the graph runs ``signal`` with: the thread, the token, ``run_id``."""
@@ -119,12 +119,14 @@ class GraphHandler:
         return config
 
     async def __call__(self, run: ThreadRun) -> None:
+        # A rollback comes before the thread's next run, or never (an interrupt).
+        self._interrupted.pop(run.thread_key, None)
         async for signal in run.signals():
             try:
                 await self._stream(run, signal)
             except asyncio.CancelledError:
                 if run.interrupted:
-                    self._interrupted[(run.thread_key, run.run_id)] = (signal.id, run.token)
+                    self._interrupted[run.thread_key] = (run.run_id, signal.id, run.token)
                 raise
 
     async def _stream(self, run: ThreadRun, signal: Signal) -> None:
@@ -153,10 +155,11 @@ class GraphHandler:
         the thread. The checkpoints are those whose metadata ``run_id`` is the
         interrupted signal's id, with their pending writes.
         """
-        found = self._interrupted.pop((thread_key, run_id), None)
-        if found is None:
+        found = self._interrupted.get(thread_key)
+        if found is None or found[0] != run_id:
             return
-        signal_id, token = found
+        del self._interrupted[thread_key]
+        _, signal_id, token = found
         saver = self.graph.checkpointer
         delete = getattr(saver, "adelete_for_run", None)
         with fencing_token(token):
