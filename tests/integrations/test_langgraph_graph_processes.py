@@ -1,7 +1,8 @@
 """``graph_handler`` across real processes on real SQLite files (leases, signals and
 output in one, checkpoints in another): the owner SIGKILLed in the middle of a
 graph, the next owner resumes from the last checkpoint and the thread completes;
-an ``interrupt()`` answered by a signal sent from another process, run by the owner.
+an ``interrupt()`` answered by a signal sent from another process, run by the owner;
+a ``rollback`` sent from another process removes the owner's interrupted run.
 
 The reader is this process: a runtime on its own backend object that is never
 started (it reads the output, it runs nothing).
@@ -207,3 +208,31 @@ async def test_an_owner_paused_mid_graph_past_its_ttl_writes_nothing_after_its_s
     first_of_successor = min(i.position for i in everything if i.run_id in successor)
     late = [i for i in everything if i.position > first_of_successor and i.kind != "run_lost"]
     assert {i.run_id for i in late} <= successor  # nothing of the paused owner after it
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_rollback_sent_from_another_process_removes_the_owners_run(
+    workers: Workers, reader: ThreadRuntime
+) -> None:
+    owner = await workers.start("owner", slow=600)
+    other = await workers.start("other")
+    await owner.send(THREAD, {"messages": [("user", "slow answer please")]})
+    before = await read_until(reader, lambda items: any(i.kind == "custom" for i in items))
+    again = await other.send(THREAD, {"messages": [("user", "never mind")]}, policy="rollback")
+    await read_until(reader, finished(again["signal_id"]), after=before[-1].position)
+    await owner.wait(lambda: bool(owner.of("event", kind="rollback")))
+    assert [e["detail"] for e in owner.of("event", kind="rollback")] == ["ok"]
+
+    state = await workers.state()
+    assert [(m.type, m.content) for m in state["messages"]] == [
+        ("human", "never mind"),
+        ("ai", "you said: never mind"),
+    ]
+    assert state["steps"] == ["think", "slow", "chat", "approve"]
+    with sqlite3.connect(workers.checkpoints) as conn:
+        runs = conn.execute(
+            "SELECT json_extract(CAST(metadata AS TEXT), '$.run_id') FROM checkpoints"
+        ).fetchall()
+    conn.close()
+    assert {r for (r,) in runs} == {again["signal_id"]}  # none of the rolled-back run
