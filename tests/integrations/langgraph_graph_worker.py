@@ -1,5 +1,5 @@
 """A runtime process running ``tests.support.agent_graph`` per thread with
-``graph_handler`` on a fenced SQLite saver:
+``graph_handler`` on a fenced saver (CHECKPOINTS: a SQLite path or a PostgreSQL URL):
 ``python -m tests.integrations.langgraph_graph_worker LEASES_URL CHECKPOINTS NAME``.
 
 It speaks the protocol of ``tests/runtime/test_runtime_processes.Worker``: commands
@@ -15,7 +15,11 @@ import sys
 from typing import Any
 
 import tenure
-from tenure.integrations.langgraph import FencedAsyncSqliteSaver, graph_handler
+from tenure.integrations.langgraph import (
+    FencedAsyncPostgresSaver,
+    FencedAsyncSqliteSaver,
+    graph_handler,
+)
 from tests.support.agent_graph import build_agent
 
 TTL_MS = 1000
@@ -28,8 +32,12 @@ def say(**doc: Any) -> None:
 
 async def main(leases: str, checkpoints: str, name: str) -> None:
     loop = asyncio.get_running_loop()
+    postgres = checkpoints.startswith("postgresql")
+    opened: Any = (
+        FencedAsyncPostgresSaver if postgres else FencedAsyncSqliteSaver
+    ).from_conn_string
     async with (
-        FencedAsyncSqliteSaver.from_conn_string(checkpoints) as saver,
+        opened(checkpoints) as saver,
         tenure.from_url(leases) as backend,
     ):
         await saver.setup()

@@ -1,5 +1,5 @@
-"""``graph_handler`` across real processes on real SQLite files (leases, signals and
-output in one, checkpoints in another): the owner SIGKILLed in the middle of a
+"""``graph_handler`` across real processes, on real SQLite files (leases, signals and
+output in one, checkpoints in another) and on PostgreSQL (a schema for each): the owner SIGKILLed in the middle of a
 graph, the next owner resumes from the last checkpoint and the thread completes;
 an ``interrupt()`` answered by a signal sent from another process, run by the owner;
 a ``rollback`` sent from another process removes the owner's interrupted run.
@@ -16,28 +16,37 @@ import json
 import os
 import sqlite3
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import pytest_asyncio
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 import tenure
 from tenure.integrations.langgraph import resume
 from tenure.runtime import OutputItem, ThreadRun, ThreadRuntime
+from tests.postgres.helpers import drop_schema, new_schema
 from tests.runtime.test_runtime_processes import Worker
 from tests.support.agent_graph import SLOW_ENV, build_agent
+
+from .langgraph_support import create_schema, open_saver, schema_url
 
 ROOT = Path(__file__).resolve().parents[2]
 THREAD = "chat-1"
 
 
 class Workers:
-    def __init__(self, tmp_path: Path) -> None:
-        self.leases = f"sqlite:///{tmp_path}/leases.db"
-        self.checkpoints = str(tmp_path / "checkpoints.db")
+    """Runtime processes of one namespace: ``leases`` (a tenure URL) and ``checkpoints``
+    (a SQLite path or a PostgreSQL URL)."""
+
+    def __init__(self, leases: str, checkpoints: str) -> None:
+        self.leases = leases
+        self.checkpoints = checkpoints
+        self.postgres = checkpoints.startswith("postgresql")
         self.workers: list[Worker] = []
 
     async def start(self, name: str, slow: float = 0.0) -> Worker:
@@ -59,15 +68,53 @@ class Workers:
         return worker
 
     async def state(self) -> dict[str, Any]:
-        async with AsyncSqliteSaver.from_conn_string(self.checkpoints) as saver:
+        opened: Any = (AsyncPostgresSaver if self.postgres else AsyncSqliteSaver).from_conn_string
+        async with opened(self.checkpoints) as saver:
             graph = build_agent(saver)
             snapshot = await graph.aget_state({"configurable": {"thread_id": THREAD}})
             return dict(snapshot.values)
 
+    def checkpoints_by(self, column: str) -> list[Any]:
+        """``column`` of the thread's checkpoints, as JSON text, oldest first: in commit
+        order on SQLite (rowid), in order of their time-ordered ids on PostgreSQL."""
+        if self.postgres:
+            with psycopg.connect(self.checkpoints) as pg:
+                rows = pg.execute(
+                    f"SELECT {column}::text FROM checkpoints WHERE thread_id = %s "
+                    "ORDER BY checkpoint_id",
+                    (THREAD,),
+                ).fetchall()
+            return [r for (r,) in rows]
+        with sqlite3.connect(self.checkpoints) as conn:
+            rows = conn.execute(
+                f"SELECT CAST({column} AS TEXT) FROM checkpoints WHERE thread_id = ? ORDER BY rowid",
+                (THREAD,),
+            ).fetchall()
+        conn.close()
+        return [r for (r,) in rows]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """(the runtime's URL, where the checkpoints go)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/leases.db", str(tmp_path / "checkpoints.db")
+        return
+    url: str = request.getfixturevalue("postgres_url")
+    checkpoints, leases = new_schema(), new_schema()
+    create_schema(url, checkpoints)
+    yield f"{url}?schema={leases}", schema_url(url, checkpoints)
+    drop_schema(url, checkpoints)
+    drop_schema(url, leases)
+
 
 @pytest_asyncio.fixture
-async def workers(tmp_path: Path) -> AsyncIterator[Workers]:
-    spawned = Workers(tmp_path)
+async def workers(stores: tuple[str, str]) -> AsyncIterator[Workers]:
+    leases, checkpoints = stores
+    kind = "postgres-async" if checkpoints.startswith("postgresql") else "sqlite-async"
+    async with open_saver(kind, checkpoints, fenced=True):
+        pass  # the tables exist before the workers start at once
+    spawned = Workers(leases, checkpoints)
     try:
         yield spawned
     finally:
@@ -167,16 +214,6 @@ async def test_an_interrupt_is_resumed_by_a_signal_sent_from_another_process(
     assert state["steps"] == ["think", "slow", "chat", "approve"]
 
 
-def committed_tokens(path: str) -> list[int]:
-    """The fencing tokens of the thread's checkpoints, in the order they were committed."""
-    with sqlite3.connect(path) as conn:
-        rows = conn.execute(
-            "SELECT metadata FROM checkpoints WHERE thread_id = ? ORDER BY rowid", (THREAD,)
-        ).fetchall()
-    conn.close()
-    return [int(json.loads(m)["fencing_token"]) for (m,) in rows]
-
-
 @pytest.mark.slow
 @pytest.mark.asyncio
 async def test_an_owner_paused_mid_graph_past_its_ttl_writes_nothing_after_its_successor(
@@ -193,7 +230,7 @@ async def test_an_owner_paused_mid_graph_past_its_ttl_writes_nothing_after_its_s
     (end,) = paused.of("event", kind="run_end")
     assert end["detail"] in ("lost", "failed")  # stopped at its next step, or refused there
 
-    tokens = committed_tokens(workers.checkpoints)
+    tokens = [int(json.loads(m)["fencing_token"]) for m in workers.checkpoints_by("metadata")]
     assert [(a, b) for a, b in itertools.pairwise(tokens) if b < a] == []
     successor = {i.run_id for i in items if i.kind == "run_started"}
     assert {i.run_id for i in items if i.kind == "messages"} <= successor
@@ -230,9 +267,5 @@ async def test_a_rollback_sent_from_another_process_removes_the_owners_run(
         ("ai", "you said: never mind"),
     ]
     assert state["steps"] == ["think", "slow", "chat", "approve"]
-    with sqlite3.connect(workers.checkpoints) as conn:
-        runs = conn.execute(
-            "SELECT json_extract(CAST(metadata AS TEXT), '$.run_id') FROM checkpoints"
-        ).fetchall()
-    conn.close()
-    assert {r for (r,) in runs} == {again["signal_id"]}  # none of the rolled-back run
+    runs = [json.loads(m).get("run_id") for m in workers.checkpoints_by("metadata")]
+    assert set(runs) == {again["signal_id"]}  # none of the rolled-back run
