@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -83,6 +85,47 @@ def _token_of(chunk: Any) -> dict[str, Any]:
     return item
 
 
+class _Batches:
+    """A run's output, written behind the graph: what the graph streams while an
+    append is under way goes in the next one (``append_many`` per kind), so a
+    model's tokens do not wait for each other's fenced writes, in order."""
+
+    def __init__(self, run: ThreadRun) -> None:
+        self._run = run
+        self._waiting: list[tuple[str, Any]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    def put(self, kind: str, data: Any) -> None:
+        """Queue an item; raises what the last write raised (``Fenced``: stop)."""
+        if self._writer is not None and self._writer.done():
+            self._writer.result()
+        self._waiting.append((kind, data))
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write())
+
+    async def _write(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            for kind, items in itertools.groupby(batch, key=operator.itemgetter(0)):
+                await self._run.append_many([data for _, data in items], kind)
+        self._writer = None
+
+    async def flush(self) -> None:
+        """Wait until every queued item is written; raises what a write raised."""
+        if self._writer is not None:
+            await asyncio.shield(self._writer)
+
+    def cancel(self) -> None:
+        """Stop writing (the run is cancelled, or failed on what the graph raised)."""
+        writer = self._writer
+        if writer is None:
+            return
+        if not writer.done():
+            writer.cancel()
+        elif not writer.cancelled():
+            writer.exception()  # seen: the run ends on its own error
+
+
 class GraphHandler:
     """Runs a compiled graph for each signal of a thread (make it with :func:`graph_handler`).
 
@@ -137,15 +180,21 @@ class GraphHandler:
             stream_mode=modes,
             durability=self.durability,
         )
-        writes = run.output is not None
-        async for mode, chunk in stream:
-            if mode == "updates" and isinstance(chunk, Mapping) and "__interrupt__" in chunk:
-                if writes:
-                    await run.append(jsonable(chunk["__interrupt__"]), kind="interrupt")
-                continue
-            if not writes or mode not in self.stream_mode:
-                continue
-            await run.append(_token_of(chunk) if mode == "messages" else jsonable(chunk), mode)
+        output = _Batches(run) if run.output is not None else None
+        try:
+            async for mode, chunk in stream:
+                if mode == "updates" and isinstance(chunk, Mapping) and "__interrupt__" in chunk:
+                    if output is not None:
+                        output.put("interrupt", jsonable(chunk["__interrupt__"]))
+                    continue
+                if output is None or mode not in self.stream_mode:
+                    continue
+                output.put(mode, _token_of(chunk) if mode == "messages" else jsonable(chunk))
+            if output is not None:
+                await output.flush()
+        finally:
+            if output is not None:
+                output.cancel()
 
     async def on_rollback(self, thread_key: str, run_id: str) -> None:
         """Remove the checkpoints that ``run_id`` wrote for the signal a rollback interrupted.
