@@ -23,6 +23,7 @@ from .langgraph_support import create_schema, schema_url
 
 THREAD = "chat-1"
 MESSAGES = 12
+MAX_MESSAGES = 60
 
 
 @pytest.fixture
@@ -68,7 +69,11 @@ def answer(events: list[SseEvent]) -> str:
 def test_replies_arrive_whichever_worker_takes_the_message(service: UvicornService) -> None:
     receivers: set[str] = set()
     crossed = 0
-    for n in range(MESSAGES):
+    sent = 0
+    while sent < MESSAGES or not (crossed and len(receivers) > 1):
+        # The kernel hands connections to workers unevenly: post until both were seen.
+        assert sent < MAX_MESSAGES, receivers
+        n, sent = sent, sent + 1
         body = {"text": f"message {n}", "message_id": f"m-{n}"}
         receiver, events = post(service, f"/threads/{THREAD}/messages", body)
         assert events[-1][1] == "signal_finished", events
@@ -77,7 +82,6 @@ def test_replies_arrive_whichever_worker_takes_the_message(service: UvicornServi
         assert len(runners) == 1  # one worker runs the thread
         receivers.add(receiver)
         crossed += receiver not in runners
-    assert len(receivers) > 1 and crossed > 0, receivers
 
     receiver, events = post(service, f"/threads/{THREAD}/messages", {"text": "/confirm pay"})
     (question,) = [item["data"] for _, kind, item in events if kind == "interrupt"]
@@ -88,7 +92,7 @@ def test_replies_arrive_whichever_worker_takes_the_message(service: UvicornServi
 
     thread = service.get(f"/threads/{THREAD}")["messages"]
     expected = []
-    for n in range(MESSAGES):
+    for n in range(sent):
         expected += [("human", f"message {n}"), ("ai", f"you said: message {n}")]
     expected += [
         ("human", "/confirm pay"),
