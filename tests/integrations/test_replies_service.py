@@ -10,13 +10,9 @@ the whole reply from another worker, each event once.
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,92 +20,20 @@ from typing import Any
 import pytest
 
 from tests.conftest import TARGETS
+from tests.support.uvicorn_service import UvicornService
 
-from .test_fastapi import free_port
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 WORDS = " ".join(f"w{i}" for i in range(40))
 
 
-class Service:
+class Service(UvicornService):
     def __init__(self, url: str) -> None:
-        self.port = free_port()
-        env = {
-            **os.environ,
-            "TENURE_URL": url,
-            "TENURE_EXAMPLE_TTL_MS": "1500",
-            "TENURE_EXAMPLE_DELAY": "0.05",
-        }
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "--app-dir",
-                str(EXAMPLES),
-                "replies_service:app",
-                "--workers",
-                "3",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            assert self.proc.poll() is None, self.output()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("uvicorn did not answer within 60 s")
-                time.sleep(0.1)
+        env = {"TENURE_URL": url, "TENURE_EXAMPLE_TTL_MS": "1500", "TENURE_EXAMPLE_DELAY": "0.05"}
+        super().__init__("replies_service:app", env, workers=3)
 
-    def output(self) -> str:
-        assert self.proc.stdout is not None
-        return self.proc.stdout.read().decode(errors="replace") if self.proc.poll() else ""
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(20)
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
-
-    def stream(self, thread: str, text: str, message_id: str, last: int | None) -> Iterator[Any]:
+    def post(self, thread: str, text: str, message_id: str, last: int | None) -> Iterator[Any]:
         """POST the message; yield ``(id, event, data)`` for each SSE event until the body ends."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        headers = {"Content-Type": "application/json"}
-        if last is not None:
-            headers["Last-Event-ID"] = str(last)
-        body = json.dumps({"text": text, "message_id": message_id})
-        try:
-            conn.request("POST", f"/threads/{thread}/messages", body, headers)
-            response = conn.getresponse()
-            assert response.status == 200
-            assert response.headers["content-type"].startswith("text/event-stream")
-            event: dict[str, str] = {}
-            while line := response.readline():
-                text_line = line.decode().rstrip("\n")
-                if not text_line:
-                    if "event" in event:
-                        yield int(event["id"]), event["event"], json.loads(event["data"])
-                    event = {}
-                elif not text_line.startswith(":"):
-                    name, _, value = text_line.partition(": ")
-                    event[name] = value
-        finally:
-            conn.close()
+        body = {"text": text, "message_id": message_id}
+        return self.stream(f"/threads/{thread}/messages", body, last)
 
 
 @pytest.fixture
@@ -132,7 +56,7 @@ def test_the_reply_arrives_when_the_owning_worker_is_killed_mid_reply(service: S
     while not any(kind == "signal_finished" for _, kind, _ in events):
         assert time.monotonic() < deadline, events
         try:
-            for position, kind, data in service.stream("chat-1", WORDS, "m-1", last):
+            for position, kind, data in service.post("chat-1", WORDS, "m-1", last):
                 last = position
                 if kind == "accepted":
                     continue

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...fencing import FenceRefused
 from ._fence import FENCING_TOKEN, fenced_config, fencing_token
+from ._graph import GraphHandler, graph_handler, resume
 
 if TYPE_CHECKING:
     from ._postgres import FencedAsyncPostgresSaver, FencedPostgresSaver
@@ -39,8 +40,11 @@ __all__ = [
     "FencedAsyncSqliteSaver",
     "FencedPostgresSaver",
     "FencedSqliteSaver",
+    "GraphHandler",
     "fenced_config",
     "fencing_token",
+    "graph_handler",
+    "resume",
 ]
 
 _LAZY = {

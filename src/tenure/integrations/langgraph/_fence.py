@@ -134,6 +134,7 @@ WRITES: dict[str, Locate | None] = {
     "put": _of_config,
     "put_writes": _of_config,
     "delete_thread": _of_thread,
+    "delete_for_run": _of_thread,
     "copy_thread": _of_target,
     "prune": _of_threads,
     "delete_for_runs": None,

@@ -42,6 +42,30 @@ from ._fence import FENCING_TOKEN, PENDING, fence_writes, no_fence
 
 __all__ = ["FencedAsyncPostgresSaver", "FencedPostgresSaver"]
 
+# A run's checkpoints (by their metadata's run_id) in one thread, with their
+# writes, and the blobs they used that no checkpoint of another run uses.
+DELETE_FOR_RUN = (
+    """
+    DELETE FROM checkpoint_blobs b
+    USING checkpoints c CROSS JOIN LATERAL jsonb_each_text(c.checkpoint -> 'channel_versions') v
+    WHERE c.thread_id = %(thread)s AND c.metadata ->> 'run_id' = %(run)s
+      AND b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+      AND b.channel = v.key AND b.version = v.value
+      AND NOT EXISTS (
+        SELECT 1 FROM checkpoints k
+        WHERE k.thread_id = c.thread_id AND k.checkpoint_ns = c.checkpoint_ns
+          AND (k.metadata ->> 'run_id') IS DISTINCT FROM %(run)s
+          AND k.checkpoint -> 'channel_versions' ->> v.key = v.value)
+    """,
+    """
+    DELETE FROM checkpoint_writes w USING checkpoints c
+    WHERE c.thread_id = %(thread)s AND c.metadata ->> 'run_id' = %(run)s
+      AND w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
+      AND w.checkpoint_id = c.checkpoint_id
+    """,
+    "DELETE FROM checkpoints WHERE thread_id = %(thread)s AND metadata ->> 'run_id' = %(run)s",
+)
+
 
 def _conninfo(conn: Connection[Any] | AsyncConnection[Any]) -> str:
     """How to open a second connection like ``conn`` (``info.dsn`` leaves out the password)."""
@@ -103,6 +127,17 @@ class FencedAsyncPostgresSaver(AsyncPostgresSaver):
                 for key in pending.keys:
                     await self.fence.acheck(cur.connection, key, pending.token)
                 pending.checked = True
+
+    async def adelete_for_run(self, thread_id: str, run_id: str) -> None:
+        """Delete the checkpoints of ``thread_id`` whose metadata ``run_id`` is
+        ``run_id``, with their writes and the blobs no other checkpoint uses:
+        ``adelete_for_runs`` within one thread, in one pipeline, so that it is
+        fenced like the thread's other writes (the token comes from
+        :func:`~tenure.integrations.langgraph.fencing_token`)."""
+        params = {"thread": str(thread_id), "run": str(run_id)}
+        async with self._cursor(pipeline=True) as cur:
+            for statement in DELETE_FOR_RUN:
+                await cur.execute(statement, params)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         keys = _prune_keys(thread_ids)

@@ -24,6 +24,17 @@ from ._fence import PENDING, Pending, fence_writes, no_fence
 
 __all__ = ["FencedAsyncSqliteSaver", "FencedSqliteSaver"]
 
+# A run's checkpoints (by their metadata's run_id) and their writes, in one thread.
+_OF_RUN = (
+    "SELECT checkpoint_ns, checkpoint_id FROM checkpoints WHERE thread_id = ?1 "
+    "AND json_extract(CAST(metadata AS TEXT), '$.run_id') = ?2"
+)
+DELETE_FOR_RUN = (
+    f"DELETE FROM writes WHERE thread_id = ?1 AND (checkpoint_ns, checkpoint_id) IN ({_OF_RUN})",
+    "DELETE FROM checkpoints WHERE thread_id = ?1 "
+    "AND json_extract(CAST(metadata AS TEXT), '$.run_id') = ?2",
+)
+
 
 class _CheckedCommit:
     """An aiosqlite connection whose ``commit`` first runs the pending write's check.
@@ -111,6 +122,16 @@ class FencedAsyncSqliteSaver(AsyncSqliteSaver):
                 async with self.lock:
                     await self.fence.asetup(self._raw_conn)
                 self._fence_ready = True
+
+    async def adelete_for_run(self, thread_id: str, run_id: str) -> None:
+        """Delete the checkpoints of ``thread_id`` whose metadata ``run_id`` is
+        ``run_id``, with their writes: ``adelete_for_runs`` within one thread, so
+        that it is fenced like the thread's other writes (the token comes from
+        :func:`~tenure.integrations.langgraph.fencing_token`)."""
+        async with self.lock, self.conn.cursor() as cur:
+            for statement in DELETE_FOR_RUN:
+                await cur.execute(statement, (str(thread_id), str(run_id)))
+            await self.conn.commit()
 
 
 @fence_writes

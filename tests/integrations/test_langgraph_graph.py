@@ -1,0 +1,171 @@
+"""A compiled graph run per thread by ``graph_handler``, on a real SQLite file (and
+the shared PostgreSQL for the rollback): its stream reaches the thread's output,
+an ``interrupt()`` is resumed by a signal, and the ``rollback`` policy removes the
+checkpoints of the run it interrupted, fenced like the thread's other writes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+import tenure
+from tenure import InvalidArgument, ThreadRuntime
+from tenure.fencing import FenceRefused
+from tenure.integrations.langgraph import (
+    FencedAsyncPostgresSaver,
+    FencedAsyncSqliteSaver,
+    fencing_token,
+    graph_handler,
+    resume,
+)
+from tests.postgres.helpers import drop_schema, new_schema
+from tests.support.agent_graph import build_agent
+
+from .langgraph_support import checkpoint, config, create_schema, history, put, schema_url
+
+THREAD = "chat-1"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """(saver kind, where its checkpoints go)."""
+    if request.param == "sqlite":
+        yield "sqlite", str(tmp_path / "checkpoints.db")
+        return
+    url: str = request.getfixturevalue("postgres_url")
+    schema = new_schema()
+    create_schema(url, schema)
+    yield "postgres", schema_url(url, schema)
+    drop_schema(url, schema)
+
+
+@pytest_asyncio.fixture
+async def saver(store: tuple[str, str]) -> AsyncIterator[Any]:
+    kind, where = store
+    cls: Any = FencedAsyncSqliteSaver if kind == "sqlite" else FencedAsyncPostgresSaver
+    async with cls.from_conn_string(where) as s:
+        await s.setup()
+        yield s
+
+
+@pytest_asyncio.fixture
+async def backend(tmp_path: Path) -> AsyncIterator[Any]:
+    async with tenure.from_url(f"sqlite:///{tmp_path}/leases.db") as b:
+        yield b
+
+
+def messages(state: Any) -> list[tuple[str, str]]:
+    return [(m.type, m.content) for m in state.values["messages"]]
+
+
+@pytest.mark.asyncio
+async def test_the_stream_reaches_the_output_and_an_interrupt_is_resumed_by_a_signal(
+    tmp_path: Path, backend: Any
+) -> None:
+    async with FencedAsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.db")) as saver:
+        await saver.setup()
+        graph = build_agent(saver)
+        agent = graph_handler(graph)
+        async with ThreadRuntime(backend, agent, output=True, idle_timeout=0.2) as runtime:
+            sent = await runtime.send_signal(THREAD, {"messages": [("user", "hello")]})
+            items = await runtime.wait_reply(sent, timeout=30)
+            tokens = "".join(i.data["content"] for i in items if i.kind == "messages")
+            assert tokens == "you said: hello"
+            updates = [next(iter(i.data)) for i in items if i.kind == "updates"]
+            assert updates == ["think", "slow", "chat", "approve"]
+            assert {i.token for i in items} == {sent_token(items)}
+
+            asked = await runtime.send_signal(THREAD, {"messages": [("user", "approve it")]})
+            items = await runtime.wait_reply(asked, timeout=30)
+            (question,) = [i.data for i in items if i.kind == "interrupt"]
+            assert question[0]["value"] == {"question": "approve?"}
+
+            answered = await runtime.send_signal(THREAD, resume("yes"))
+            items = await runtime.wait_reply(answered, timeout=30)
+            assert [next(iter(i.data)) for i in items if i.kind == "updates"] == ["approve"]
+        state = await graph.aget_state({"configurable": {"thread_id": THREAD}})
+        assert messages(state)[-1] == ("ai", "approved: yes")
+        assert state.values["steps"].count("think") == 2  # the resume ran no step again
+
+
+def sent_token(items: list[Any]) -> int:
+    return int(items[0].token)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("policy", ["rollback", "interrupt"])
+async def test_rollback_removes_the_interrupted_runs_checkpoints(
+    saver: Any, backend: Any, policy: str
+) -> None:
+    started, gate = asyncio.Event(), asyncio.Event()
+
+    async def pause() -> None:
+        started.set()
+        await gate.wait()
+
+    graph = build_agent(saver, pause)
+    agent = graph_handler(graph)
+    async with ThreadRuntime(
+        backend, agent, output=True, idle_timeout=5, on_rollback=agent.on_rollback
+    ) as runtime:
+        first = await runtime.send_signal(THREAD, {"messages": [("user", "hello")]})
+        await runtime.wait_reply(first, timeout=30)
+        busy = await runtime.send_signal(THREAD, {"messages": [("user", "slow one")]})
+        await asyncio.wait_for(started.wait(), 30)
+        again = await runtime.send_signal(
+            THREAD,
+            {"messages": [("user", "never mind")]},
+            policy=policy,  # type: ignore[arg-type]
+        )
+        await runtime.wait_reply(again, timeout=30)
+    state = await graph.aget_state({"configurable": {"thread_id": THREAD}})
+    busy_checkpoints = [
+        t for t in await history(saver, THREAD) if t.metadata.get("run_id") == busy.signal_id
+    ]
+    if policy == "rollback":
+        assert messages(state) == [
+            ("human", "hello"),
+            ("ai", "you said: hello"),
+            ("human", "never mind"),
+            ("ai", "you said: never mind"),
+        ]
+        assert busy_checkpoints == []
+    else:  # what the rollback removes: the interrupted run's input and steps
+        assert ("human", "slow one") in messages(state)
+        assert busy_checkpoints
+    assert agent._interrupted == {}  # nothing kept for a rollback that never comes
+
+
+@pytest.mark.asyncio
+async def test_removing_a_runs_checkpoints_is_fenced(saver: Any) -> None:
+    cfg = config(THREAD, 7)
+    cfg["metadata"] = {"run_id": "r-7"}
+    await put(saver, cfg, checkpoint("a"))
+    with fencing_token(5), pytest.raises(FenceRefused):
+        await saver.adelete_for_run(THREAD, "r-7")
+    with pytest.raises(FenceRefused):  # no token at all
+        await saver.adelete_for_run(THREAD, "r-7")
+    assert len(await history(saver, THREAD)) == 1
+    with fencing_token(7):
+        await saver.adelete_for_run(THREAD, "r-7")
+    assert await history(saver, THREAD) == []
+
+
+def test_bad_arguments_are_refused(tmp_path: Path) -> None:
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("n", lambda s: {})
+    builder.add_edge(START, "n")
+    with pytest.raises(InvalidArgument, match="checkpointer"):
+        graph_handler(builder.compile())
+    graph = builder.compile(checkpointer=FencedAsyncSqliteSaver.__new__(FencedAsyncSqliteSaver))
+    with pytest.raises(InvalidArgument, match="stream_mode"):
+        graph_handler(graph, stream_mode=["tokens"])  # type: ignore[list-item]
+    with pytest.raises(InvalidArgument, match="durability"):
+        graph_handler(graph, durability="never")  # type: ignore[arg-type]
