@@ -80,11 +80,63 @@ async def test_read_only_refuses_actions(sqlite_url: str) -> None:
             assert status == 200 and "revoke" not in leases
             _, confirm = await asyncio.to_thread(client.get, f"/revoke?k=k&token={token}")
             assert "read-only" in confirm and 'id="confirm"' not in confirm
-            fields = [("k", "k"), ("token", str(token))]
-            for path in ("/revoke", "/bulk"):
+            fields = [("k", "k"), ("token", str(token)), ("t", "k"), ("run", "s1.1")]
+            for path in ("/revoke", "/bulk", "/cancel"):
                 status, text = await asyncio.to_thread(client.post, path, fields)
                 assert (status, text) == (403, "this dashboard is read-only")
             assert await backend.get_lease("k") is not None
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_needs_the_csrf_token_and_shows_no_action_read_only(
+    sqlite_url: str,
+) -> None:
+    names = ThreadNames("app.agents")
+    async with from_url(sqlite_url) as backend:
+        run = await backend.acquire_lease(names.name("chat-1"), "host:1/s7.3", 60_000)
+        assert run.token is not None
+        thread = "/thread?ns=app.agents&t=chat-1"
+        confirm_path = f"/cancel?ns=app.agents&t=chat-1&run=s7.3&token={run.token}"
+        with Dashboard(sqlite_url) as dashboard:
+            client = Client(dashboard.base)
+            status, page = await asyncio.to_thread(client.get, thread)
+            assert (
+                status == 200 and 'class="run">s7.3<' in page and 'a class="action cancel"' in page
+            )
+            _, confirm = await asyncio.to_thread(client.get, confirm_path)
+            fields = [
+                ("csrf", csrf_of(confirm)),
+                ("ns", "app.agents"),
+                ("t", "chat-1"),
+                ("run", "s7.3"),
+                ("token", str(run.token)),
+                ("owner", "host:1/s7.3"),
+            ]
+            no_csrf = [f for f in fields if f[0] != "csrf"]
+            assert (await asyncio.to_thread(client.post, "/cancel", no_csrf))[0] == 403
+            assert (await asyncio.to_thread(Client(dashboard.base).post, "/cancel", fields))[
+                0
+            ] == 403
+            bad = [(n, "" if n == "run" else v) for n, v in fields]
+            status, text = await asyncio.to_thread(client.post, "/cancel", bad)
+            assert status == 400 and "run" in text
+            assert (await asyncio.to_thread(client.get, "/audit.jsonl"))[1] == ""
+            status, _ = await asyncio.to_thread(client.post, "/cancel", fields)
+            assert status == 200
+            _, lines = await asyncio.to_thread(client.get, "/audit.jsonl")
+            (entry,) = [json.loads(line) for line in lines.splitlines()]
+            assert (entry["action"], entry["namespace"], entry["run_id"]) == (
+                "cancel",
+                "app.agents",
+                "s7.3",
+            )
+            assert entry["key"] == names.name("chat-1") and entry["token"] == run.token
+        with Dashboard(sqlite_url, "--read-only") as dashboard:
+            client = Client(dashboard.base)
+            _, page = await asyncio.to_thread(client.get, thread)
+            assert 'class="run">s7.3<' in page and "cancel this run" not in page
+            _, confirm = await asyncio.to_thread(client.get, confirm_path)
+            assert "read-only" in confirm and 'id="confirm"' not in confirm
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.7", "::"])
@@ -208,6 +260,16 @@ async def test_listing_and_revoking_on(kind: str, unique: str, tmp_path: Path) -
                 assert await backend.get_lease("svc/1") is None
                 assert await backend.get_lease("svc/0") is not None
                 assert (await asyncio.to_thread(client.get, "/health"))[0] == 200
+                # A run's cancel needs a backend that keeps thread output (not etcd).
+                names = ThreadNames("tenure.thread")
+                held = await backend.acquire_lease(names.name("t1"), "h/s1.1", 60_000)
+                cancel = [("csrf", csrf_of(confirm)), ("t", "t1"), ("run", "s1.1")]
+                cancel.append(("token", str(held.token)))
+                status, text = await asyncio.to_thread(client.post, "/cancel", cancel)
+                if kind == "etcd":
+                    assert status == 409 and "cannot cancel a thread's run" in text
+                else:
+                    assert status == 200
     finally:
         if target.cleanup is not None:
             target.cleanup(unique)

@@ -50,12 +50,14 @@ def create_app(settings: DashboardSettings) -> Starlette:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+                await ctx.aclose()
 
     routes = [
         Route("/", pages.home),
         Route("/leases", _guarded(pages.leases)),
         Route("/key", _guarded(pages.key)),
         Route("/threads", _guarded(pages.threads)),
+        Route("/thread", _guarded(pages.thread)),
         Route("/health", _guarded(pages.health)),
         Route("/audit", _guarded(pages.audit)),
         Route("/audit.jsonl", _guarded(pages.audit_lines)),
@@ -66,6 +68,8 @@ def create_app(settings: DashboardSettings) -> Starlette:
         Route("/revoke", _guarded(actions.revoke), methods=["POST"]),
         Route("/bulk", _guarded(actions.bulk_dry_run), methods=["GET"]),
         Route("/bulk", _guarded(actions.bulk_revoke), methods=["POST"]),
+        Route("/cancel", _guarded(actions.confirm_cancel), methods=["GET"]),
+        Route("/cancel", _guarded(actions.cancel), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_middleware(_Headers)

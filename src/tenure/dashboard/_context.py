@@ -15,10 +15,11 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from .._errors import InvalidArgument
+from .._errors import ConfigurationError, InvalidArgument
 from .._operate import _shown
 from .._url_options import redact_url
 from .._validate import check_prefix
+from ..runtime import ThreadRun, ThreadRuntime
 from ..runtime._names import ThreadNames
 from ..runtime._status import ThreadStatus, thread_statuses
 from ._audit import AuditLog
@@ -68,12 +69,37 @@ class Context:
         self.watcher = LeaseWatcher(None, settings.prefix, settings.interval)
         self.doctor = Shared(self._diagnose, max_age=10.0)
         self._threads: dict[str, Shared[list[ThreadStatus]]] = {}
+        self._runtimes: dict[str, ThreadRuntime] = {}
 
     def attach(self, backend: Any) -> LeaseWatcher:
         """Read from ``backend`` from now on; returns the watcher to run."""
         self.backend = backend
         self.watcher = LeaseWatcher(backend, self.settings.prefix, self.settings.interval)
         return self.watcher
+
+    def canceller(self, namespace: str) -> ThreadRuntime:
+        """A runtime of ``namespace`` that is never started: it runs nothing, it only
+        sends the runtime's own cancel (``ThreadRuntime.cancel``) to a run elsewhere."""
+        runtime = self._runtimes.get(namespace)
+        if runtime is None:
+            try:
+                runtime = ThreadRuntime(
+                    self.backend,
+                    _runs_nothing,
+                    namespace=namespace,
+                    output=True,
+                    process_id="tenure-dashboard",
+                )
+            except ConfigurationError as exc:
+                raise Refused(409, f"this backend cannot cancel a thread's run: {exc}") from None
+            self._runtimes[namespace] = runtime
+        return runtime
+
+    async def aclose(self) -> None:
+        """Close what the actions opened on the backend (before the backend closes)."""
+        runtimes, self._runtimes = list(self._runtimes.values()), {}
+        for runtime in runtimes:
+            await runtime.aclose()
 
     # -- shared reads ----------------------------------------------------------
 
@@ -149,11 +175,38 @@ class Context:
         ThreadNames(namespace)
         return namespace
 
+    @staticmethod
+    def thread_of(namespace: str, thread_key: str) -> tuple[ThreadNames, str]:
+        """The namespace's names and the thread key (both checked), from a query or a form."""
+        names = ThreadNames(namespace or DEFAULT_NAMESPACE)
+        names.name(thread_key)
+        return names, thread_key
+
+    def thread_values(
+        self, names: ThreadNames, thread_key: str, found: list[ThreadStatus]
+    ) -> dict[str, Any]:
+        """One thread's page: its status (``None``: no run, nothing pending), its lease's history."""
+        status = next((t for t in found if t.thread_key == thread_key), None)
+        lease = names.name(thread_key)
+        events = self.watcher.history(lease)
+        return {
+            "namespace": names.namespace,
+            "thread_key": thread_key,
+            "status": status,
+            "lease": lease,
+            "events": events,
+            "handover": last_handover(events),
+        }
+
     def threads_values(self, namespace: str, found: list[ThreadStatus]) -> dict[str, Any]:
         names = ThreadNames(namespace)
         leases = {t.thread_key: names.name(t.thread_key) for t in found}
         handovers = {key: last_handover(self.watcher.history(name)) for key, name in leases.items()}
-        return {"threads": found, "leases": leases, "handovers": handovers}
+        return {"namespace": namespace, "threads": found, "leases": leases, "handovers": handovers}
+
+
+async def _runs_nothing(run: ThreadRun) -> None:
+    """The handler of the dashboard's runtimes, which are never started."""
 
 
 def _templates() -> jinja2.Environment:

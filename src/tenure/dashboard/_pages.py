@@ -69,8 +69,21 @@ class Pages:
             request,
             "threads.html",
             view="threads",
-            namespace=namespace,
             **self.ctx.threads_values(namespace, found),
+        )
+
+    async def thread(self, request: Request) -> Response:
+        names, thread_key = self.ctx.thread_of(
+            request.query_params.get("ns", ""), request.query_params.get("t", "")
+        )
+        await self.ctx.watcher.ready_for_a_page()
+        found = await self.ctx.threads_of(names.namespace).get()
+        return self.ctx.page(
+            request,
+            "thread.html",
+            view="thread",
+            done=request.query_params.get("done", ""),
+            **self.ctx.thread_values(names, thread_key, found),
         )
 
     async def health(self, request: Request) -> Response:
@@ -131,6 +144,12 @@ class Pages:
             namespace = ctx.namespace_of(request)
             found = await ctx.threads_of(namespace).get()
             return ctx.fragment("_threads_rows.html", **ctx.threads_values(namespace, found))
+        if view == "thread":
+            names, thread_key = ctx.thread_of(
+                request.query_params.get("ns", ""), request.query_params.get("t", "")
+            )
+            found = await ctx.threads_of(names.namespace).get()
+            return ctx.fragment("_thread_live.html", **ctx.thread_values(names, thread_key, found))
         raise InvalidArgument(f"no live view {view!r}")
 
     async def events(self, request: Request) -> Response:
