@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -323,3 +324,43 @@ def test_an_unreachable_backend_is_one_line_without_its_password() -> None:
 def test_a_bad_interval_is_refused(sqlite_url: str, interval: str) -> None:
     done = _dashboard_exit("--url", sqlite_url, "--interval", interval)
     assert done.returncode == 2 and "interval must be above 0" in done.stderr
+
+
+@pytest.mark.asyncio
+async def test_health_lists_the_telemetry_of_the_dashboard_with_telemetry(
+    sqlite_url: str,
+) -> None:
+    async with from_url(sqlite_url) as backend:
+        token = (await backend.acquire_lease("k", "w", 60_000)).token
+        assert token is not None
+        with Dashboard(sqlite_url) as dashboard:
+            _, health = await asyncio.to_thread(Client(dashboard.base).get, "/health")
+            assert 'id="no-telemetry"' in health and "data-metric" not in health
+        with Dashboard(sqlite_url, "--telemetry") as dashboard:
+            client = Client(dashboard.base)
+            _, confirm = await asyncio.to_thread(client.get, f"/revoke?k=k&token={token}")
+            fields = _revoke_fields(confirm, "k", token)
+            assert (await asyncio.to_thread(client.post, "/revoke", fields))[0] == 200
+            # The same token again: the lease is gone, the call answers False.
+            assert (await asyncio.to_thread(client.post, "/revoke", fields))[0] == 200
+            _, health = await asyncio.to_thread(client.get, "/health")
+    rows = {
+        (name, attributes): value
+        for name, attributes, value in re.findall(
+            r'<tr data-metric="([^"]+)"><td>[^<]*</td><td>([^<]*)</td><td class="value">([^<]*)</td>',
+            health,
+        )
+    }
+    assert rows[("tenure.lease.revocations", "")] == "1"
+    # Each lease call the dashboard made: the confirmation's read, the two revokes.
+    calls = {
+        attributes.partition(", ")[2]: value
+        for (name, attributes), value in rows.items()
+        if name == "tenure.lease.operation.duration"
+    }
+    assert calls.keys() == {
+        "operation=get_lease, outcome=ok",
+        "operation=revoke_lease, outcome=ok",
+        "operation=revoke_lease, outcome=refused",
+    }
+    assert all(value.startswith("1 (mean ") for value in calls.values())

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .._contract import Capability, capabilities_of
 from .._errors import ConfigurationError, InvalidArgument, TenureError
 from .._url import from_url
+from ..telemetry import instrument
 from ._actions import Actions
 from ._context import Context, DashboardSettings, Refused
 from ._pages import Pages
@@ -39,9 +40,10 @@ def create_app(settings: DashboardSettings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with from_url(settings.url) as backend:
-            if Capability.OPERATIONS not in capabilities_of(backend):
-                raise ConfigurationError(f"{type(backend).__name__} cannot list or revoke leases")
+        async with from_url(settings.url) as opened:
+            if Capability.OPERATIONS not in capabilities_of(opened):
+                raise ConfigurationError(f"{type(opened).__name__} cannot list or revoke leases")
+            backend = instrument(opened) if settings.instrument else opened
             watcher = ctx.attach(backend)
             task = asyncio.create_task(watcher.run(), name="tenure-dashboard-watcher")
             try:

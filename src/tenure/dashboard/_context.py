@@ -42,8 +42,13 @@ class DashboardSettings:
     read_only: bool = False
     credentials: Credentials | None = None
     audit_path: Path | None = None
-    #: Extra things the Health page lists (name → value), e.g. telemetry counters.
+    #: Extra things the Health page lists (name → value).
     counters: Mapping[str, Callable[[], object]] = field(default_factory=dict)
+    #: An OpenTelemetry SDK metric reader read on demand (``InMemoryMetricReader``):
+    #: the Health page lists the ``tenure.*`` metrics it has.
+    metric_reader: Any = None
+    #: Wrap the backend with :func:`tenure.telemetry.instrument` (each call counted).
+    instrument: bool = False
 
 
 class Refused(Exception):

@@ -25,6 +25,7 @@ from starlette.responses import (
 from .._errors import InvalidArgument, TenureError
 from .._validate import check_name
 from ._context import Context
+from ._telemetry import metric_rows
 
 __all__ = ["Pages"]
 
@@ -97,8 +98,14 @@ class Pages:
             "live pages": watcher.viewers,
         }
         counters.update({name: read() for name, read in self.ctx.settings.counters.items()})
+        reader = self.ctx.settings.metric_reader
         return self.ctx.page(
-            request, "health.html", view="health", findings=findings, counters=counters
+            request,
+            "health.html",
+            view="health",
+            findings=findings,
+            counters=counters,
+            metrics=None if reader is None else metric_rows(reader),
         )
 
     async def audit(self, request: Request) -> Response:
