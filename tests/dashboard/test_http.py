@@ -364,3 +364,42 @@ async def test_health_lists_the_telemetry_of_the_dashboard_with_telemetry(
         "operation=revoke_lease, outcome=refused",
     }
     assert all(value.startswith("1 (mean ") for value in calls.values())
+
+
+async def _first_update(port: int, since: str, timeout: float) -> bool:
+    """Whether a live-update stream from look ``since`` sends an update within ``timeout`` s."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /events?view=leases&since={since} HTTP/1.0\r\n\r\n".encode())
+    await writer.drain()
+    try:
+        async with asyncio.timeout(timeout):
+            while b"event: update" not in await reader.readline():
+                pass
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        writer.close()
+
+
+@pytest.mark.asyncio
+async def test_a_live_page_gets_at_once_a_look_newer_than_the_page(sqlite_url: str) -> None:
+    async with from_url(sqlite_url) as backend:
+        await backend.acquire_lease("k/1", "w", 60_000)
+    # Looks 30 s apart: the first at start, one more woken by the first page.
+    with Dashboard(sqlite_url, interval=30) as dashboard:
+        client = Client(dashboard.base)
+        await asyncio.to_thread(client.get, "/leases")
+
+        async def looked_twice() -> bool:
+            _, text = await asyncio.to_thread(client.get, "/stats.json")
+            return bool(json.loads(text)["scans"] >= 2)
+
+        await until(looked_twice, timeout=30)
+        _, page = await asyncio.to_thread(client.get, "/leases")
+        since = re.search(r"since=(\d+)", page)
+        assert since is not None
+        # A stream from the page's look waits for the next look; one from an older
+        # look (a look ended between the page and its stream) gets the newer at once.
+        assert not await _first_update(dashboard.port, since.group(1), 1.0)
+        assert await _first_update(dashboard.port, str(int(since.group(1)) - 1), 10.0)

@@ -138,6 +138,7 @@ class Context:
             who=who(request),
             csrf=self.csrf.token_for(cookie),
             error=self.watcher.error,
+            since=self.watcher.version,
             **values,
         )
         response = HTMLResponse(html)
@@ -162,9 +163,23 @@ class Context:
             check_prefix(prefix)
         return LeaseFilter(prefix, q.get("owner", ""), state, _page_number(q.get("page", "1")))
 
+    async def first_leases_values(self, chosen: LeaseFilter) -> dict[str, Any]:
+        """The leases page: at once from the first look's first leases while it is
+        under way (page 1 only), from the last whole look otherwise."""
+        if chosen.page == 1:
+            read = await self.watcher.first_leases(PAGE_SIZE)
+            if read is not None:
+                rows = self.watcher.preview(read, chosen, PAGE_SIZE)
+                values = self.leases_values(chosen)
+                values.update(rows=rows, reading=len(read), first_shown=1 if rows else 0)
+                return values
+        await self.watcher.ready_for_a_page()
+        return self.leases_values(chosen)
+
     def leases_values(self, chosen: LeaseFilter) -> dict[str, Any]:
         rows, total = self.watcher.select(chosen, PAGE_SIZE)
         return {
+            "reading": None,
             "rows": rows,
             "total": total,
             "live": len(self.watcher.known),

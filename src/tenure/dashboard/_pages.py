@@ -35,6 +35,14 @@ KEEPALIVE_S = 15.0
 _STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 
 
+def _since(text: str, default: int) -> int:
+    """The watcher's version a page was rendered from (``default`` when not a number)."""
+    try:
+        return int(text)
+    except ValueError:
+        return default
+
+
 class Pages:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -43,11 +51,9 @@ class Pages:
         return RedirectResponse("/leases", status_code=307)
 
     async def leases(self, request: Request) -> Response:
-        await self.ctx.watcher.ready_for_a_page()
         chosen = self.ctx.lease_filter(request)
-        return self.ctx.page(
-            request, "leases.html", view="leases", **self.ctx.leases_values(chosen)
-        )
+        values = await self.ctx.first_leases_values(chosen)
+        return self.ctx.page(request, "leases.html", view="leases", **values)
 
     async def key(self, request: Request) -> Response:
         key = check_name(request.query_params.get("k", ""), "key")
@@ -174,7 +180,9 @@ class Pages:
         watcher.viewers += 1
         watcher.watched()
         try:
-            version = watcher.version
+            # From the look the page was rendered from: a look that ended between the
+            # page and this stream is sent at once, not at the next change.
+            version = _since(request.query_params.get("since", ""), watcher.version)
             last = ""
             yield "retry: 1000\n\n"
             while True:
