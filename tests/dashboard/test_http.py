@@ -104,6 +104,17 @@ async def test_a_cancel_needs_the_csrf_token_and_shows_no_action_read_only(
             assert (
                 status == 200 and 'class="run">s7.3<' in page and 'a class="action cancel"' in page
             )
+            # A session still opening (phase 0) has no run: nothing to cancel.
+            await backend.acquire_lease(names.name("chat-2"), "host:1/s9.0", 60_000)
+            opening = ""
+
+            async def shown() -> bool:
+                nonlocal opening
+                _, opening = await asyncio.to_thread(client.get, "/thread?ns=app.agents&t=chat-2")
+                return "host:1/s9.0" in opening
+
+            await until(shown)
+            assert "cancel this run" not in opening
             _, confirm = await asyncio.to_thread(client.get, confirm_path)
             fields = [
                 ("csrf", csrf_of(confirm)),

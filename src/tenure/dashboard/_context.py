@@ -20,6 +20,7 @@ from .._operate import _shown
 from .._url_options import redact_url
 from .._validate import check_prefix
 from ..runtime import ThreadRun, ThreadRuntime
+from ..runtime._identity import is_opening
 from ..runtime._names import ThreadNames
 from ..runtime._status import ThreadStatus, thread_statuses
 from ._audit import AuditLog
@@ -213,6 +214,10 @@ class Context:
             "namespace": names.namespace,
             "thread_key": thread_key,
             "status": status,
+            # A session still opening (phase 0) has no run yet: nothing to cancel.
+            "cancellable": status is not None
+            and status.owner is not None
+            and not is_opening(status.owner),
             "lease": lease,
             "events": events,
             "handover": last_handover(events),
