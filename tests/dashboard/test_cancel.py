@@ -60,6 +60,9 @@ async def test_cancel_from_the_threads_page_stops_the_run_the_operator_saw(
             await page.locator(f'tr[data-thread="{THREAD}"] a').first.click()
             await expect(page.locator("dd.run")).to_have_text(run_id)
             await expect(page.locator("dd.token")).to_have_text(str(token))
+            # The thread's newest output: its run has started.
+            started = page.locator("table.output tr.kind-run_started")
+            await expect(started).to_have_count(1)
             await page.locator("a.cancel").click()
             # The confirmation names the run, its holder and the token.
             await expect(page.locator("b.run")).to_have_text(run_id)
@@ -67,6 +70,13 @@ async def test_cancel_from_the_threads_page_stops_the_run_the_operator_saw(
             await page.locator("#confirm button").click()
             await expect(page.locator("#done")).to_contain_text("Cancel sent")
             assert await runner.line() == f"ended {run_id} interrupted"
+            # The page shows the end of the run in the thread's output, live.
+            await expect(page.locator("table.output tr.kind-cancel td.data")).to_contain_text(
+                "tenure-dashboard"
+            )
+            await expect(page.locator("table.output tr.kind-run_ended td.data")).to_contain_text(
+                "interrupted"
+            )
             # The run's output says who stopped it, and that it was interrupted.
             items = await _output_until_the_end_of(live_url, run_id)
             assert [(i.kind, i.data) for i in items][-2:] == [

@@ -278,10 +278,13 @@ async def test_listing_and_revoking_on(kind: str, unique: str, tmp_path: Path) -
                 cancel = [("csrf", csrf_of(confirm)), ("t", "t1"), ("run", "s1.1")]
                 cancel.append(("token", str(held.token)))
                 status, text = await asyncio.to_thread(client.post, "/cancel", cancel)
+                _, page = await asyncio.to_thread(client.get, "/thread?t=t1")
                 if kind == "etcd":
                     assert status == 409 and "cannot cancel a thread's run" in text
+                    assert 'id="no-output"' in page
                 else:
                     assert status == 200
+                    assert "no output kept" in page
     finally:
         if target.cleanup is not None:
             target.cleanup(unique)

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from tenure import ConfigurationError, LeaseRecord, from_url
+from tenure import ConfigurationError, LeaseRecord, ThreadRun, ThreadRuntime, from_url
 from tenure.dashboard._audit import AuditLog
+from tenure.dashboard._context import recent_output
 from tenure.dashboard._security import Credentials, Csrf, is_loopback, load_credentials
 from tenure.dashboard._watcher import (
     Event,
@@ -24,6 +25,7 @@ from tenure.dashboard._watcher import (
     Shared,
     last_handover,
 )
+from tenure.runtime import Retention
 
 
 def _basic(user: str, password: str) -> str:
@@ -261,3 +263,30 @@ async def test_a_page_is_shown_from_the_first_leases_of_the_first_look(tmp_path:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+@pytest.mark.asyncio
+async def test_a_threads_newest_output_also_past_its_retention(tmp_path: Path) -> None:
+    async def replies(run: ThreadRun) -> None:
+        async for _signal in run.signals():
+            for i in range(30):
+                await run.append({"i": i})
+
+    async def nothing(run: ThreadRun) -> None:
+        pass
+
+    async with from_url(f"sqlite:///{tmp_path / 'out.db'}") as backend:
+        async with ThreadRuntime(backend, replies, output=Retention(max_items=5)) as owner:
+            sent = await owner.send_signal("t", "go")
+            await owner.wait_reply(sent, timeout=30)
+        reader = ThreadRuntime(backend, nothing, output=True)
+        try:
+            head = await reader.last_position("t")
+            assert head > 30
+            # Twenty asked, five kept: the five, without waiting for more.
+            kept = await recent_output(reader, "t", 20)
+            assert [i.position for i in kept] == list(range(head - 4, head + 1))
+            assert [i.position for i in await recent_output(reader, "t", 2)] == [head - 1, head]
+            assert await recent_output(reader, "other", 20) == []
+        finally:
+            await reader.aclose()

@@ -121,7 +121,7 @@ class Actions:
         if record is None or record.token != token or run_of(record.owner) != run_id:
             outcome = f"unchanged: run {run_id} no longer holds the thread"
         else:
-            await self.ctx.canceller(names.namespace).cancel(thread_key, run_id=run_id)
+            await self.ctx.runtime_of(names.namespace).cancel(thread_key, run_id=run_id)
             outcome = f"asked run {run_id} to stop"
         self.ctx.audit.write(
             who=who(request),

@@ -4,7 +4,10 @@ shared watcher and shared reads (threads, doctor)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +18,11 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from .._errors import ConfigurationError, InvalidArgument
+from .._errors import ConfigurationError, InvalidArgument, OutputTruncated
 from .._operate import _shown
 from .._url_options import redact_url
 from .._validate import check_prefix
-from ..runtime import ThreadRun, ThreadRuntime
+from ..runtime import OutputItem, ThreadRun, ThreadRuntime
 from ..runtime._identity import is_opening
 from ..runtime._names import ThreadNames
 from ..runtime._status import ThreadStatus, thread_statuses
@@ -30,6 +33,10 @@ from ._watcher import STATES, LeaseFilter, LeaseWatcher, Shared, last_handover
 __all__ = ["PAGE_SIZE", "Context", "DashboardSettings", "Refused", "parse_token", "who"]
 
 PAGE_SIZE = 50
+#: A thread's page shows this many of its newest output items.
+RECENT_OUTPUT = 20
+#: Threads whose output is kept for pages (the least recently shown are forgotten).
+_OUTPUTS_KEPT = 256
 DEFAULT_NAMESPACE = "tenure.thread"
 
 
@@ -76,6 +83,7 @@ class Context:
         self.doctor = Shared(self._diagnose, max_age=10.0)
         self._threads: dict[str, Shared[list[ThreadStatus]]] = {}
         self._runtimes: dict[str, ThreadRuntime] = {}
+        self._outputs: OrderedDict[tuple[str, str], Shared[list[OutputItem] | None]] = OrderedDict()
 
     def attach(self, backend: Any) -> LeaseWatcher:
         """Read from ``backend`` from now on; returns the watcher to run."""
@@ -83,9 +91,10 @@ class Context:
         self.watcher = LeaseWatcher(backend, self.settings.prefix, self.settings.interval)
         return self.watcher
 
-    def canceller(self, namespace: str) -> ThreadRuntime:
-        """A runtime of ``namespace`` that is never started: it runs nothing, it only
-        sends the runtime's own cancel (``ThreadRuntime.cancel``) to a run elsewhere."""
+    def runtime_of(self, namespace: str) -> ThreadRuntime:
+        """A runtime of ``namespace`` that is never started: it runs nothing, it sends
+        the runtime's own cancel (``ThreadRuntime.cancel``) to a run elsewhere and
+        reads the threads' output."""
         runtime = self._runtimes.get(namespace)
         if runtime is None:
             try:
@@ -108,6 +117,27 @@ class Context:
             await runtime.aclose()
 
     # -- shared reads ----------------------------------------------------------
+
+    def output_of(self, names: ThreadNames, thread_key: str) -> Shared[list[OutputItem] | None]:
+        """The thread's newest output items (``None``: this backend keeps no output),
+        read at most once per look however many pages show them."""
+        at = (names.namespace, thread_key)
+        shared = self._outputs.get(at)
+        if shared is None:
+
+            async def read() -> list[OutputItem] | None:
+                try:
+                    runtime = self.runtime_of(names.namespace)
+                except Refused:
+                    return None
+                return await recent_output(runtime, thread_key, RECENT_OUTPUT)
+
+            shared = self._outputs[at] = Shared(read, self.settings.interval)
+            while len(self._outputs) > _OUTPUTS_KEPT:
+                self._outputs.popitem(last=False)
+        else:
+            self._outputs.move_to_end(at)
+        return shared
 
     def threads_of(self, namespace: str) -> Shared[list[ThreadStatus]]:
         shared = self._threads.get(namespace)
@@ -204,7 +234,11 @@ class Context:
         return names, thread_key
 
     def thread_values(
-        self, names: ThreadNames, thread_key: str, found: list[ThreadStatus]
+        self,
+        names: ThreadNames,
+        thread_key: str,
+        found: list[ThreadStatus],
+        output: list[OutputItem] | None,
     ) -> dict[str, Any]:
         """One thread's page: its status (``None``: no run, nothing pending), its lease's history."""
         status = next((t for t in found if t.thread_key == thread_key), None)
@@ -219,6 +253,7 @@ class Context:
             and status.owner is not None
             and not is_opening(status.owner),
             "lease": lease,
+            "output": output,
             "events": events,
             "handover": last_handover(events),
         }
@@ -228,6 +263,33 @@ class Context:
         leases = {t.thread_key: names.name(t.thread_key) for t in found}
         handovers = {key: last_handover(self.watcher.history(name)) for key, name in leases.items()}
         return {"namespace": namespace, "threads": found, "leases": leases, "handovers": handovers}
+
+
+async def recent_output(runtime: ThreadRuntime, thread_key: str, count: int) -> list[OutputItem]:
+    """The newest ``count`` output items of ``thread_key`` at most, oldest first."""
+    head = await runtime.last_position(thread_key)
+    after = max(0, head - count)
+    items: list[OutputItem] = []
+    try:
+        async with asyncio.timeout(10):  # the items up to head exist: never waits long
+            while after < head:
+                try:
+                    async for item in runtime.follow(thread_key, after=after):
+                        items.append(item)
+                        if item.position >= head:
+                            return items
+                except OutputTruncated as exc:  # retention dropped some meanwhile
+                    after, items = exc.first - 1, []
+    except TimeoutError:
+        pass
+    return items
+
+
+def _shown_data(data: Any) -> str:
+    if isinstance(data, bytes):
+        return f"({len(data)} bytes)"
+    text = json.dumps(data, ensure_ascii=False)
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 async def _runs_nothing(run: ThreadRun) -> None:
@@ -241,6 +303,7 @@ def _templates() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters["shown"] = _shown
+    env.filters["data"] = _shown_data
     env.filters["ttl"] = lambda ms: f"{ms / 1000:.1f}s"
     env.filters["clock"] = lambda at: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
     env.filters["query"] = lambda values: urlencode(values)

@@ -85,12 +85,13 @@ class Pages:
         )
         await self.ctx.watcher.ready_for_a_page()
         found = await self.ctx.threads_of(names.namespace).get()
+        output = await self.ctx.output_of(names, thread_key).get()
         return self.ctx.page(
             request,
             "thread.html",
             view="thread",
             done=request.query_params.get("done", ""),
-            **self.ctx.thread_values(names, thread_key, found),
+            **self.ctx.thread_values(names, thread_key, found, output),
         )
 
     async def health(self, request: Request) -> Response:
@@ -162,7 +163,10 @@ class Pages:
                 request.query_params.get("ns", ""), request.query_params.get("t", "")
             )
             found = await ctx.threads_of(names.namespace).get()
-            return ctx.fragment("_thread_live.html", **ctx.thread_values(names, thread_key, found))
+            output = await ctx.output_of(names, thread_key).get()
+            return ctx.fragment(
+                "_thread_live.html", **ctx.thread_values(names, thread_key, found, output)
+            )
         raise InvalidArgument(f"no live view {view!r}")
 
     async def events(self, request: Request) -> Response:
