@@ -15,6 +15,9 @@ backend one scan every few seconds. A page asked for after such a pause is
 rendered at once from the last look, and the look it wakes reaches it as a
 live update. When a scan takes long (a large key space), the
 pause after it grows so that scanning stays under a quarter of the time.
+Right after start, the leases page does not wait for the whole first look:
+it is shown from the leases that look has read so far (:meth:`first_leases`),
+and the whole list reaches it as a live update when the look ends.
 """
 
 from __future__ import annotations
