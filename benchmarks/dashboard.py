@@ -9,8 +9,8 @@ left is the dashboard's) are granted, then ``tenure dashboard`` is started in a
 process of its own, exactly as an operator runs it:
 
 1. **First render**: from the moment the dashboard accepts connections, the
-   time of the first ``GET /leases`` (it waits for the dashboard's first scan
-   of every lease), then the median and p90 of 20 more (page 1, no filter),
+   time of the first ``GET /leases`` (page 1 from the first leases its first
+   look has read), and until that look of every lease has ended; then the median and p90 of 20 more (page 1, no filter),
    and of 20 with an owner filter (every row looked at); and the page opened
    on a dashboard nobody had looked at for a while.
 2. **Backend load**: requests per second to the backend over ``--seconds``
@@ -34,6 +34,7 @@ if not __package__:  # run as a file: import the benchmarks package from the rep
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import signal
 import socket
@@ -124,6 +125,12 @@ def stats(base: str) -> dict[str, Any]:
         return found
 
 
+def first_look_ended(base: str) -> None:
+    """Once the dashboard's first look at every lease has ended."""
+    while stats(base)["scans"] < 1:
+        time.sleep(0.005)
+
+
 async def sse_client(base: str, opened: asyncio.Event, counter: list[int]) -> None:
     """One browser's live updates on the leases page: read and count them."""
     port = int(base.rsplit(":", 1)[1])
@@ -200,26 +207,44 @@ async def measure(
     print(f"{name}: a bare scan_leases of them all: {bare:.0f} ms (median of 3)", flush=True)
     figures = []
     with dashboard(url) as base:
+        listening = time.perf_counter()
         first = await asyncio.to_thread(timed_get, base + "/leases")
+        # The first page is shown from the first look's first leases; the whole list
+        # (counted, paged) when that look ends.
+        await asyncio.to_thread(first_look_ended, base)
+        whole = (time.perf_counter() - listening) * 1000
         warm = [await asyncio.to_thread(timed_get, base + "/leases") for _ in range(20)]
         owner = [
             await asyncio.to_thread(timed_get, base + "/leases?owner=worker-7") for _ in range(20)
         ]
         print(
-            f"{name}: first render {first:.0f} ms (with the first scan); then p50 "
+            f"{name}: first render {first:.0f} ms, the first look of every lease ended after "
+            f"{whole:.0f} ms; then p50 "
             f"{statistics.median(warm):.1f} ms, p90 {percentile(warm, 0.9):.1f} ms; "
             f"with an owner filter p50 {statistics.median(owner):.1f} ms",
             flush=True,
         )
         figures.append(
+            dataclasses.replace(
+                Figure.limit(
+                    name,
+                    "dashboard first render after start (10k leases)",
+                    first,
+                    "ms",
+                    ("<=", FIRST_RENDER_GOAL_MS),
+                ),
+                note="page 1 from the first look's first leases",
+            )
+        )
+        figures.append(
             Figure(
                 name,
-                "dashboard first render after start (10k leases) vs a bare scan",
-                first,
+                "dashboard first look of every lease after start vs a bare scan",
+                whole,
                 bare,
                 "ms",
-                first / bare,
-                note="the first render waits for the first scan of every lease",
+                whole / bare,
+                note="the whole list (counted, paged) replaces the first page then",
             )
         )
         figures.append(

@@ -3,8 +3,8 @@
 Usage: ``.venv/bin/python scripts/dashboard_screenshots.py``
 
 Builds a small scene on a fresh SQLite file (leases held and renewed, one
-that stopped renewing, a runtime namespace's threads, a revoke and a bulk dry
-run), serves ``tenure dashboard`` on it and photographs each page with
+that stopped renewing, a runtime namespace's threads, a revoke, a bulk dry
+run and a run's cancel), serves ``tenure dashboard --telemetry`` on it and photographs each page with
 Debian's Chromium driven by Playwright.
 """
 
@@ -39,7 +39,18 @@ def free_port() -> int:
 def serve(url: str, port: int) -> subprocess.Popen[bytes]:
     """``tenure dashboard`` on ``url``, once it accepts connections."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tenure", "dashboard", "--url", url, "--port", str(port)], cwd=ROOT
+        [
+            sys.executable,
+            "-m",
+            "tenure",
+            "dashboard",
+            "--url",
+            url,
+            "--port",
+            str(port),
+            "--telemetry",
+        ],
+        cwd=ROOT,
     )
     while True:
         with socket.socket() as sock:
@@ -57,7 +68,7 @@ async def scene(backend: Any) -> list[HeldLease]:
     held.append(await hold(backend, "cron/nightly-report", "cron-01:77", 30_000).start())
     held.append(await hold(backend, "leader/scheduler", "sched-a:310", 10_000).start())
     names = ThreadNames("support.agents")
-    for n, owner in enumerate(["agents-1:900/s1.0", "agents-2:901/s4.0", "agents-1:900/s2.0"]):
+    for n, owner in enumerate(["agents-1:900/s1.1", "agents-2:901/s4.3", "agents-1:900/s2.1"]):
         await backend.acquire_lease(names.name(f"ticket-{4810 + n}"), owner, 20_000)
     return held
 
@@ -95,12 +106,20 @@ async def main() -> None:
                 assert record is not None
                 await backend.revoke_lease(thread, record.token)
                 await asyncio.sleep(1.5)
-                await backend.acquire_lease(thread, "agents-3:902/s1.0", 20_000)
+                await backend.acquire_lease(thread, "agents-3:902/s1.1", 20_000)
                 await page.goto(base + "/threads?ns=support.agents")
                 await page.wait_for_selector("td.handover:has-text('without owner')")
                 await page.screenshot(path=DOCS / "dashboard-threads.png")
+                # A thread's page, and the cancel of its run (audited).
+                await page.goto(base + "/thread?ns=support.agents&t=ticket-4810")
+                await page.wait_for_selector("a.cancel")
+                await page.screenshot(path=DOCS / "dashboard-thread.png")
+                await page.locator("a.cancel").click()
+                await page.screenshot(path=DOCS / "dashboard-cancel.png")
+                await page.locator("#confirm button").click()
+                await page.wait_for_selector("#done")
                 await page.goto(base + "/health")
-                await page.screenshot(path=DOCS / "dashboard-health.png")
+                await page.screenshot(path=DOCS / "dashboard-health.png", full_page=True)
                 await page.goto(base + "/audit")
                 await page.screenshot(path=DOCS / "dashboard-audit.png")
                 await browser.close()

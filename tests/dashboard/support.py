@@ -24,7 +24,7 @@ import pytest
 
 from tests.support.redis_server import free_port
 
-__all__ = ["ROOT", "Client", "Dashboard", "Holder", "csrf_of", "until"]
+__all__ = ["ROOT", "Client", "Dashboard", "Holder", "Runner", "csrf_of", "until"]
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTH_ENV = "TENURE_DASHBOARD_AUTH"
@@ -117,6 +117,49 @@ class Holder:
         self.proc.wait(timeout=10)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+class Runner:
+    """``tests.dashboard.runner``: a runtime worker whose runs block, in a process of its own."""
+
+    def __init__(self, url: str, thread: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.dashboard.runner", url, thread],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    async def line(self, timeout: float = 30.0) -> str:
+        """The worker's next line of output."""
+        assert self.proc.stdout is not None
+        text = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), timeout)
+        return text.strip()
+
+    def send(self, payload: str) -> None:
+        """Send ``payload`` as a signal to the worker's thread (from the worker)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(payload + "\n")
+        self.proc.stdin.flush()
+
+    async def run(self) -> tuple[str, int]:
+        """The run id and token of the next run that has its signal."""
+        said = await self.line()
+        assert said.startswith("run "), said
+        _, run_id, token = said.split()
+        return run_id, int(token)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 class Client:

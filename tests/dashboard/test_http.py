@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -80,11 +81,74 @@ async def test_read_only_refuses_actions(sqlite_url: str) -> None:
             assert status == 200 and "revoke" not in leases
             _, confirm = await asyncio.to_thread(client.get, f"/revoke?k=k&token={token}")
             assert "read-only" in confirm and 'id="confirm"' not in confirm
-            fields = [("k", "k"), ("token", str(token))]
-            for path in ("/revoke", "/bulk"):
+            fields = [("k", "k"), ("token", str(token)), ("t", "k"), ("run", "s1.1")]
+            for path in ("/revoke", "/bulk", "/cancel"):
                 status, text = await asyncio.to_thread(client.post, path, fields)
                 assert (status, text) == (403, "this dashboard is read-only")
             assert await backend.get_lease("k") is not None
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_needs_the_csrf_token_and_shows_no_action_read_only(
+    sqlite_url: str,
+) -> None:
+    names = ThreadNames("app.agents")
+    async with from_url(sqlite_url) as backend:
+        run = await backend.acquire_lease(names.name("chat-1"), "host:1/s7.3", 60_000)
+        assert run.token is not None
+        thread = "/thread?ns=app.agents&t=chat-1"
+        confirm_path = f"/cancel?ns=app.agents&t=chat-1&run=s7.3&token={run.token}"
+        with Dashboard(sqlite_url) as dashboard:
+            client = Client(dashboard.base)
+            status, page = await asyncio.to_thread(client.get, thread)
+            assert (
+                status == 200 and 'class="run">s7.3<' in page and 'a class="action cancel"' in page
+            )
+            # A session still opening (phase 0) has no run: nothing to cancel.
+            await backend.acquire_lease(names.name("chat-2"), "host:1/s9.0", 60_000)
+            opening = ""
+
+            async def shown() -> bool:
+                nonlocal opening
+                _, opening = await asyncio.to_thread(client.get, "/thread?ns=app.agents&t=chat-2")
+                return "host:1/s9.0" in opening
+
+            await until(shown)
+            assert "cancel this run" not in opening
+            _, confirm = await asyncio.to_thread(client.get, confirm_path)
+            fields = [
+                ("csrf", csrf_of(confirm)),
+                ("ns", "app.agents"),
+                ("t", "chat-1"),
+                ("run", "s7.3"),
+                ("token", str(run.token)),
+                ("owner", "host:1/s7.3"),
+            ]
+            no_csrf = [f for f in fields if f[0] != "csrf"]
+            assert (await asyncio.to_thread(client.post, "/cancel", no_csrf))[0] == 403
+            assert (await asyncio.to_thread(Client(dashboard.base).post, "/cancel", fields))[
+                0
+            ] == 403
+            bad = [(n, "" if n == "run" else v) for n, v in fields]
+            status, text = await asyncio.to_thread(client.post, "/cancel", bad)
+            assert status == 400 and "run" in text
+            assert (await asyncio.to_thread(client.get, "/audit.jsonl"))[1] == ""
+            status, _ = await asyncio.to_thread(client.post, "/cancel", fields)
+            assert status == 200
+            _, lines = await asyncio.to_thread(client.get, "/audit.jsonl")
+            (entry,) = [json.loads(line) for line in lines.splitlines()]
+            assert (entry["action"], entry["namespace"], entry["run_id"]) == (
+                "cancel",
+                "app.agents",
+                "s7.3",
+            )
+            assert entry["key"] == names.name("chat-1") and entry["token"] == run.token
+        with Dashboard(sqlite_url, "--read-only") as dashboard:
+            client = Client(dashboard.base)
+            _, page = await asyncio.to_thread(client.get, thread)
+            assert 'class="run">s7.3<' in page and "cancel this run" not in page
+            _, confirm = await asyncio.to_thread(client.get, confirm_path)
+            assert "read-only" in confirm and 'id="confirm"' not in confirm
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.7", "::"])
@@ -208,6 +272,19 @@ async def test_listing_and_revoking_on(kind: str, unique: str, tmp_path: Path) -
                 assert await backend.get_lease("svc/1") is None
                 assert await backend.get_lease("svc/0") is not None
                 assert (await asyncio.to_thread(client.get, "/health"))[0] == 200
+                # A run's cancel needs a backend that keeps thread output (not etcd).
+                names = ThreadNames("tenure.thread")
+                held = await backend.acquire_lease(names.name("t1"), "h/s1.1", 60_000)
+                cancel = [("csrf", csrf_of(confirm)), ("t", "t1"), ("run", "s1.1")]
+                cancel.append(("token", str(held.token)))
+                status, text = await asyncio.to_thread(client.post, "/cancel", cancel)
+                _, page = await asyncio.to_thread(client.get, "/thread?t=t1")
+                if kind == "etcd":
+                    assert status == 409 and "cannot cancel a thread's run" in text
+                    assert 'id="no-output"' in page
+                else:
+                    assert status == 200
+                    assert "no output kept" in page
     finally:
         if target.cleanup is not None:
             target.cleanup(unique)
@@ -261,3 +338,82 @@ def test_an_unreachable_backend_is_one_line_without_its_password() -> None:
 def test_a_bad_interval_is_refused(sqlite_url: str, interval: str) -> None:
     done = _dashboard_exit("--url", sqlite_url, "--interval", interval)
     assert done.returncode == 2 and "interval must be above 0" in done.stderr
+
+
+@pytest.mark.asyncio
+async def test_health_lists_the_telemetry_of_the_dashboard_with_telemetry(
+    sqlite_url: str,
+) -> None:
+    async with from_url(sqlite_url) as backend:
+        token = (await backend.acquire_lease("k", "w", 60_000)).token
+        assert token is not None
+        with Dashboard(sqlite_url) as dashboard:
+            _, health = await asyncio.to_thread(Client(dashboard.base).get, "/health")
+            assert 'id="no-telemetry"' in health and "data-metric" not in health
+        with Dashboard(sqlite_url, "--telemetry") as dashboard:
+            client = Client(dashboard.base)
+            _, confirm = await asyncio.to_thread(client.get, f"/revoke?k=k&token={token}")
+            fields = _revoke_fields(confirm, "k", token)
+            assert (await asyncio.to_thread(client.post, "/revoke", fields))[0] == 200
+            # The same token again: the lease is gone, the call answers False.
+            assert (await asyncio.to_thread(client.post, "/revoke", fields))[0] == 200
+            _, health = await asyncio.to_thread(client.get, "/health")
+    rows = {
+        (name, attributes): value
+        for name, attributes, value in re.findall(
+            r'<tr data-metric="([^"]+)"><td>[^<]*</td><td>([^<]*)</td><td class="value">([^<]*)</td>',
+            health,
+        )
+    }
+    assert rows[("tenure.lease.revocations", "")] == "1"
+    # Each lease call the dashboard made: the confirmation's read, the two revokes.
+    calls = {
+        attributes.partition(", ")[2]: value
+        for (name, attributes), value in rows.items()
+        if name == "tenure.lease.operation.duration"
+    }
+    assert calls.keys() == {
+        "operation=get_lease, outcome=ok",
+        "operation=revoke_lease, outcome=ok",
+        "operation=revoke_lease, outcome=refused",
+    }
+    assert all(value.startswith("1 (mean ") for value in calls.values())
+
+
+async def _first_update(port: int, since: str, timeout: float) -> bool:
+    """Whether a live-update stream from look ``since`` sends an update within ``timeout`` s."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /events?view=leases&since={since} HTTP/1.0\r\n\r\n".encode())
+    await writer.drain()
+    try:
+        async with asyncio.timeout(timeout):
+            while b"event: update" not in await reader.readline():
+                pass
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        writer.close()
+
+
+@pytest.mark.asyncio
+async def test_a_live_page_gets_at_once_a_look_newer_than_the_page(sqlite_url: str) -> None:
+    async with from_url(sqlite_url) as backend:
+        await backend.acquire_lease("k/1", "w", 60_000)
+    # Looks 30 s apart: the first at start, one more woken by the first page.
+    with Dashboard(sqlite_url, interval=30) as dashboard:
+        client = Client(dashboard.base)
+        await asyncio.to_thread(client.get, "/leases")
+
+        async def looked_twice() -> bool:
+            _, text = await asyncio.to_thread(client.get, "/stats.json")
+            return bool(json.loads(text)["scans"] >= 2)
+
+        await until(looked_twice, timeout=30)
+        _, page = await asyncio.to_thread(client.get, "/leases")
+        since = re.search(r"since=(\d+)", page)
+        assert since is not None
+        # A stream from the page's look waits for the next look; one from an older
+        # look (a look ended between the page and its stream) gets the newer at once.
+        assert not await _first_update(dashboard.port, since.group(1), 1.0)
+        assert await _first_update(dashboard.port, str(int(since.group(1)) - 1), 10.0)

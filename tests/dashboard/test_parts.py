@@ -7,12 +7,15 @@ import asyncio
 import base64
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tenure import ConfigurationError, from_url
+from tenure import ConfigurationError, LeaseRecord, ThreadRun, ThreadRuntime, from_url
 from tenure.dashboard._audit import AuditLog
+from tenure.dashboard._context import recent_output
 from tenure.dashboard._security import Credentials, Csrf, is_loopback, load_credentials
 from tenure.dashboard._watcher import (
     Event,
@@ -22,6 +25,7 @@ from tenure.dashboard._watcher import (
     Shared,
     last_handover,
 )
+from tenure.runtime import Retention
 
 
 def _basic(user: str, password: str) -> str:
@@ -205,3 +209,84 @@ async def test_a_failing_look_keeps_the_watcher_running_and_shows_no_driver_text
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert "a look at the leases failed" in caplog.text
+
+
+class _GatedScan:
+    """A user's backend over a real one whose scan stops after ``first`` leases until
+    ``gate`` is set: the first look of a large key space, caught in the middle."""
+
+    def __init__(self, inner: Any, first: int) -> None:
+        self.inner = inner
+        self.first = first
+        self.gate = asyncio.Event()
+
+    async def _scan(self, prefix: str) -> AsyncIterator[tuple[str, LeaseRecord]]:
+        count = 0
+        async for pair in self.inner.scan_leases(prefix):
+            if count == self.first:
+                await self.gate.wait()
+            count += 1
+            yield pair
+
+    def scan_leases(
+        self, prefix: str = "", limit: int | None = None
+    ) -> AsyncIterator[tuple[str, LeaseRecord]]:
+        return self._scan(prefix)
+
+
+@pytest.mark.asyncio
+async def test_a_page_is_shown_from_the_first_leases_of_the_first_look(tmp_path: Path) -> None:
+    async with from_url(f"sqlite:///{tmp_path / 'leases.db'}") as backend:
+        for i in range(120):
+            await backend.acquire_lease(f"k/{i:03d}", f"w{i % 3}", 60_000)
+        gated = _GatedScan(backend, first=60)
+        watcher = LeaseWatcher(gated)
+        task = asyncio.create_task(watcher.run())
+        try:
+            async with asyncio.timeout(30):
+                read = await watcher.first_leases(50)
+            assert read is not None and not watcher.ready.is_set()
+            # SQLite lists by key: the first 50 read are the first page.
+            rows = watcher.preview(read, LeaseFilter(), 50)
+            assert [r.key for r in rows] == [f"k/{i:03d}" for i in range(50)]
+            assert all(r.owner == f"w{i % 3}" and r.ttl_ms > 0 for i, r in enumerate(rows))
+            assert [r.key for r in watcher.preview(read, LeaseFilter(owner="w1"), 5)] == [
+                f"k/{i:03d}" for i in (1, 4, 7, 10, 13)
+            ]
+            version = watcher.version
+            gated.gate.set()
+            async with asyncio.timeout(30):
+                await watcher.wait_change(version, 30)
+            assert await watcher.first_leases(50) is None
+            assert watcher.select(LeaseFilter(), 50)[1] == 120
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+@pytest.mark.asyncio
+async def test_a_threads_newest_output_also_past_its_retention(tmp_path: Path) -> None:
+    async def replies(run: ThreadRun) -> None:
+        async for _signal in run.signals():
+            for i in range(30):
+                await run.append({"i": i})
+
+    async def nothing(run: ThreadRun) -> None:
+        pass
+
+    async with from_url(f"sqlite:///{tmp_path / 'out.db'}") as backend:
+        async with ThreadRuntime(backend, replies, output=Retention(max_items=5)) as owner:
+            sent = await owner.send_signal("t", "go")
+            await owner.wait_reply(sent, timeout=30)
+        reader = ThreadRuntime(backend, nothing, output=True)
+        try:
+            head = await reader.last_position("t")
+            assert head > 30
+            # Twenty asked, five kept: the five, without waiting for more.
+            kept = await recent_output(reader, "t", 20)
+            assert [i.position for i in kept] == list(range(head - 4, head + 1))
+            assert [i.position for i in await recent_output(reader, "t", 2)] == [head - 1, head]
+            assert await recent_output(reader, "other", 20) == []
+        finally:
+            await reader.aclose()

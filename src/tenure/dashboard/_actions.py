@@ -1,6 +1,7 @@
-"""The actions: revoke one lease with the token the operator saw, and bulk revoke
-a filtered set after a dry run. Each needs a writable dashboard, a request from
-its own pages (CSRF token, same origin), and is written to the audit log."""
+"""The actions: revoke one lease with the token the operator saw, bulk revoke
+a filtered set after a dry run, and cancel the run of a thread the operator saw.
+Each needs a writable dashboard, a request from its own pages (CSRF token, same
+origin), and is written to the audit log."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from starlette.responses import RedirectResponse, Response
 
 from .._errors import InvalidArgument
 from .._validate import check_name
+from ..runtime._identity import run_of
 from ._context import Context, Refused, parse_token, who
 from ._security import Csrf
 from ._watcher import LeaseFilter, LeaseRow
@@ -84,6 +86,58 @@ class Actions:
         return self.ctx.page(
             request, "bulk_done.html", view="bulk", filter=chosen, done=done, revoked=count
         )
+
+    async def confirm_cancel(self, request: Request) -> Response:
+        """The confirmation: names the run and its holder, or says the run changed since."""
+        names, thread_key = self.ctx.thread_of(
+            request.query_params.get("ns", ""), request.query_params.get("t", "")
+        )
+        run_id = check_name(request.query_params.get("run", ""), "run")
+        token = parse_token(request.query_params.get("token", ""))
+        record = await self.ctx.backend.get_lease(names.name(thread_key))
+        return self.ctx.page(
+            request,
+            "confirm_cancel.html",
+            view="cancel",
+            namespace=names.namespace,
+            thread_key=thread_key,
+            run_id=run_id,
+            token=token,
+            record=record,
+            current_run=run_of(record.owner) if record is not None else None,
+        )
+
+    async def cancel(self, request: Request) -> Response:
+        """Cancel run ``run`` of the thread, only while that run (with ``token``) holds it.
+
+        The runtime's own cancel names the run too, so a run that started after
+        this check is never stopped by it either.
+        """
+        form = await self._acting(request)
+        names, thread_key = self.ctx.thread_of(form.get("ns"), form.get("t"))
+        run_id = check_name(form.get("run", ""), "run")
+        token = parse_token(form.get("token", ""))
+        record = await self.ctx.backend.get_lease(names.name(thread_key))
+        if record is None or record.token != token or run_of(record.owner) != run_id:
+            outcome = f"unchanged: run {run_id} no longer holds the thread"
+        else:
+            await self.ctx.runtime_of(names.namespace).cancel(thread_key, run_id=run_id)
+            outcome = f"asked run {run_id} to stop"
+        self.ctx.audit.write(
+            who=who(request),
+            client=request.client.host if request.client else None,
+            action="cancel",
+            key=names.name(thread_key),
+            namespace=names.namespace,
+            thread=thread_key,
+            run_id=run_id,
+            token=token,
+            owner=form.get("owner", ""),
+            outcome=outcome,
+        )
+        done = "unchanged" if outcome.startswith("unchanged") else "asked"
+        query = {"ns": names.namespace, "t": thread_key, "run": run_id, "done": done}
+        return RedirectResponse(f"/thread?{urlencode(query)}", status_code=303)
 
     async def _revoke(
         self, request: Request, key: str, token: int, owner: str, chosen: LeaseFilter | None = None

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .._contract import Capability, capabilities_of
 from .._errors import ConfigurationError, InvalidArgument, TenureError
 from .._url import from_url
+from ..telemetry import instrument
 from ._actions import Actions
 from ._context import Context, DashboardSettings, Refused
 from ._pages import Pages
@@ -39,9 +40,10 @@ def create_app(settings: DashboardSettings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with from_url(settings.url) as backend:
-            if Capability.OPERATIONS not in capabilities_of(backend):
-                raise ConfigurationError(f"{type(backend).__name__} cannot list or revoke leases")
+        async with from_url(settings.url) as opened:
+            if Capability.OPERATIONS not in capabilities_of(opened):
+                raise ConfigurationError(f"{type(opened).__name__} cannot list or revoke leases")
+            backend = instrument(opened) if settings.instrument else opened
             watcher = ctx.attach(backend)
             task = asyncio.create_task(watcher.run(), name="tenure-dashboard-watcher")
             try:
@@ -50,12 +52,14 @@ def create_app(settings: DashboardSettings) -> Starlette:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+                await ctx.aclose()
 
     routes = [
         Route("/", pages.home),
         Route("/leases", _guarded(pages.leases)),
         Route("/key", _guarded(pages.key)),
         Route("/threads", _guarded(pages.threads)),
+        Route("/thread", _guarded(pages.thread)),
         Route("/health", _guarded(pages.health)),
         Route("/audit", _guarded(pages.audit)),
         Route("/audit.jsonl", _guarded(pages.audit_lines)),
@@ -66,6 +70,8 @@ def create_app(settings: DashboardSettings) -> Starlette:
         Route("/revoke", _guarded(actions.revoke), methods=["POST"]),
         Route("/bulk", _guarded(actions.bulk_dry_run), methods=["GET"]),
         Route("/bulk", _guarded(actions.bulk_revoke), methods=["POST"]),
+        Route("/cancel", _guarded(actions.confirm_cancel), methods=["GET"]),
+        Route("/cancel", _guarded(actions.cancel), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_middleware(_Headers)

@@ -49,6 +49,12 @@ def add_parser(commands: Any, url_help: str) -> Any:
         "--read-only", action="store_true", help="show everything, allow no action"
     )
     dashboard.add_argument(
+        "--telemetry",
+        action="store_true",
+        help="record tenure's metrics of this process (its backend calls) and list them on "
+        "the Health page (needs opentelemetry-sdk)",
+    )
+    dashboard.add_argument(
         "--audit-log",
         type=Path,
         default=None,
@@ -80,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
             )
         if not 0 <= args.port < 65536:
             raise InvalidArgument(f"port must be from 0 to 65535, got {args.port}")
+        reader = _metric_reader() if args.telemetry else None
         app = create_app(
             DashboardSettings(
                 url=url,
@@ -88,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
                 read_only=args.read_only,
                 credentials=credentials,
                 audit_path=args.audit_log,
+                metric_reader=reader,
+                instrument=args.telemetry,
             )
         )
     except (ConfigurationError, InvalidArgument) as exc:
@@ -108,6 +117,21 @@ def run(args: argparse.Namespace) -> int:
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else EXIT_UNAVAILABLE
+
+
+def _metric_reader() -> Any:
+    """An in-memory reader of this process's metrics, set as OpenTelemetry's meter provider."""
+    try:
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    except ImportError:
+        raise ConfigurationError(
+            "--telemetry needs the OpenTelemetry SDK: pip install 'tenure[otel]' opentelemetry-sdk"
+        ) from None
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    return reader
 
 
 async def _check_backend(url: str, prefix: str) -> None:

@@ -4,7 +4,10 @@ shared watcher and shared reads (threads, doctor)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,10 +18,12 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from .._errors import InvalidArgument
+from .._errors import ConfigurationError, InvalidArgument, OutputTruncated
 from .._operate import _shown
 from .._url_options import redact_url
 from .._validate import check_prefix
+from ..runtime import OutputItem, ThreadRun, ThreadRuntime
+from ..runtime._identity import is_opening
 from ..runtime._names import ThreadNames
 from ..runtime._status import ThreadStatus, thread_statuses
 from ._audit import AuditLog
@@ -28,6 +33,10 @@ from ._watcher import STATES, LeaseFilter, LeaseWatcher, Shared, last_handover
 __all__ = ["PAGE_SIZE", "Context", "DashboardSettings", "Refused", "parse_token", "who"]
 
 PAGE_SIZE = 50
+#: A thread's page shows this many of its newest output items.
+RECENT_OUTPUT = 20
+#: Threads whose output is kept for pages (the least recently shown are forgotten).
+_OUTPUTS_KEPT = 256
 DEFAULT_NAMESPACE = "tenure.thread"
 
 
@@ -41,8 +50,13 @@ class DashboardSettings:
     read_only: bool = False
     credentials: Credentials | None = None
     audit_path: Path | None = None
-    #: Extra things the Health page lists (name → value), e.g. telemetry counters.
+    #: Extra things the Health page lists (name → value).
     counters: Mapping[str, Callable[[], object]] = field(default_factory=dict)
+    #: An OpenTelemetry SDK metric reader read on demand (``InMemoryMetricReader``):
+    #: the Health page lists the ``tenure.*`` metrics it has.
+    metric_reader: Any = None
+    #: Wrap the backend with :func:`tenure.telemetry.instrument` (each call counted).
+    instrument: bool = False
 
 
 class Refused(Exception):
@@ -68,6 +82,8 @@ class Context:
         self.watcher = LeaseWatcher(None, settings.prefix, settings.interval)
         self.doctor = Shared(self._diagnose, max_age=10.0)
         self._threads: dict[str, Shared[list[ThreadStatus]]] = {}
+        self._runtimes: dict[str, ThreadRuntime] = {}
+        self._outputs: OrderedDict[tuple[str, str], Shared[list[OutputItem] | None]] = OrderedDict()
 
     def attach(self, backend: Any) -> LeaseWatcher:
         """Read from ``backend`` from now on; returns the watcher to run."""
@@ -75,7 +91,53 @@ class Context:
         self.watcher = LeaseWatcher(backend, self.settings.prefix, self.settings.interval)
         return self.watcher
 
+    def runtime_of(self, namespace: str) -> ThreadRuntime:
+        """A runtime of ``namespace`` that is never started: it runs nothing, it sends
+        the runtime's own cancel (``ThreadRuntime.cancel``) to a run elsewhere and
+        reads the threads' output."""
+        runtime = self._runtimes.get(namespace)
+        if runtime is None:
+            try:
+                runtime = ThreadRuntime(
+                    self.backend,
+                    _runs_nothing,
+                    namespace=namespace,
+                    output=True,
+                    process_id="tenure-dashboard",
+                )
+            except ConfigurationError as exc:
+                raise Refused(409, f"this backend cannot cancel a thread's run: {exc}") from None
+            self._runtimes[namespace] = runtime
+        return runtime
+
+    async def aclose(self) -> None:
+        """Close what the actions opened on the backend (before the backend closes)."""
+        runtimes, self._runtimes = list(self._runtimes.values()), {}
+        for runtime in runtimes:
+            await runtime.aclose()
+
     # -- shared reads ----------------------------------------------------------
+
+    def output_of(self, names: ThreadNames, thread_key: str) -> Shared[list[OutputItem] | None]:
+        """The thread's newest output items (``None``: this backend keeps no output),
+        read at most once per look however many pages show them."""
+        at = (names.namespace, thread_key)
+        shared = self._outputs.get(at)
+        if shared is None:
+
+            async def read() -> list[OutputItem] | None:
+                try:
+                    runtime = self.runtime_of(names.namespace)
+                except Refused:
+                    return None
+                return await recent_output(runtime, thread_key, RECENT_OUTPUT)
+
+            shared = self._outputs[at] = Shared(read, self.settings.interval)
+            while len(self._outputs) > _OUTPUTS_KEPT:
+                self._outputs.popitem(last=False)
+        else:
+            self._outputs.move_to_end(at)
+        return shared
 
     def threads_of(self, namespace: str) -> Shared[list[ThreadStatus]]:
         shared = self._threads.get(namespace)
@@ -107,6 +169,7 @@ class Context:
             who=who(request),
             csrf=self.csrf.token_for(cookie),
             error=self.watcher.error,
+            since=self.watcher.version,
             **values,
         )
         response = HTMLResponse(html)
@@ -131,9 +194,23 @@ class Context:
             check_prefix(prefix)
         return LeaseFilter(prefix, q.get("owner", ""), state, _page_number(q.get("page", "1")))
 
+    async def first_leases_values(self, chosen: LeaseFilter) -> dict[str, Any]:
+        """The leases page: at once from the first look's first leases while it is
+        under way (page 1 only), from the last whole look otherwise."""
+        if chosen.page == 1:
+            read = await self.watcher.first_leases(PAGE_SIZE)
+            if read is not None:
+                rows = self.watcher.preview(read, chosen, PAGE_SIZE)
+                values = self.leases_values(chosen)
+                values.update(rows=rows, reading=len(read), first_shown=1 if rows else 0)
+                return values
+        await self.watcher.ready_for_a_page()
+        return self.leases_values(chosen)
+
     def leases_values(self, chosen: LeaseFilter) -> dict[str, Any]:
         rows, total = self.watcher.select(chosen, PAGE_SIZE)
         return {
+            "reading": None,
             "rows": rows,
             "total": total,
             "live": len(self.watcher.known),
@@ -149,11 +226,74 @@ class Context:
         ThreadNames(namespace)
         return namespace
 
+    @staticmethod
+    def thread_of(namespace: str, thread_key: str) -> tuple[ThreadNames, str]:
+        """The namespace's names and the thread key (both checked), from a query or a form."""
+        names = ThreadNames(namespace or DEFAULT_NAMESPACE)
+        names.name(thread_key)
+        return names, thread_key
+
+    def thread_values(
+        self,
+        names: ThreadNames,
+        thread_key: str,
+        found: list[ThreadStatus],
+        output: list[OutputItem] | None,
+    ) -> dict[str, Any]:
+        """One thread's page: its status (``None``: no run, nothing pending), its lease's history."""
+        status = next((t for t in found if t.thread_key == thread_key), None)
+        lease = names.name(thread_key)
+        events = self.watcher.history(lease)
+        return {
+            "namespace": names.namespace,
+            "thread_key": thread_key,
+            "status": status,
+            # A session still opening (phase 0) has no run yet: nothing to cancel.
+            "cancellable": status is not None
+            and status.owner is not None
+            and not is_opening(status.owner),
+            "lease": lease,
+            "output": output,
+            "events": events,
+            "handover": last_handover(events),
+        }
+
     def threads_values(self, namespace: str, found: list[ThreadStatus]) -> dict[str, Any]:
         names = ThreadNames(namespace)
         leases = {t.thread_key: names.name(t.thread_key) for t in found}
         handovers = {key: last_handover(self.watcher.history(name)) for key, name in leases.items()}
-        return {"threads": found, "leases": leases, "handovers": handovers}
+        return {"namespace": namespace, "threads": found, "leases": leases, "handovers": handovers}
+
+
+async def recent_output(runtime: ThreadRuntime, thread_key: str, count: int) -> list[OutputItem]:
+    """The newest ``count`` output items of ``thread_key`` at most, oldest first."""
+    head = await runtime.last_position(thread_key)
+    after = max(0, head - count)
+    items: list[OutputItem] = []
+    try:
+        async with asyncio.timeout(10):  # the items up to head exist: never waits long
+            while after < head:
+                try:
+                    async for item in runtime.follow(thread_key, after=after):
+                        items.append(item)
+                        if item.position >= head:
+                            return items
+                except OutputTruncated as exc:  # retention dropped some meanwhile
+                    after, items = exc.first - 1, []
+    except TimeoutError:
+        pass
+    return items
+
+
+def _shown_data(data: Any) -> str:
+    if isinstance(data, bytes):
+        return f"({len(data)} bytes)"
+    text = json.dumps(data, ensure_ascii=False)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+async def _runs_nothing(run: ThreadRun) -> None:
+    """The handler of the dashboard's runtimes, which are never started."""
 
 
 def _templates() -> jinja2.Environment:
@@ -163,6 +303,7 @@ def _templates() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters["shown"] = _shown
+    env.filters["data"] = _shown_data
     env.filters["ttl"] = lambda ms: f"{ms / 1000:.1f}s"
     env.filters["clock"] = lambda at: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
     env.filters["query"] = lambda values: urlencode(values)

@@ -25,6 +25,7 @@ from starlette.responses import (
 from .._errors import InvalidArgument, TenureError
 from .._validate import check_name
 from ._context import Context
+from ._telemetry import metric_rows
 
 __all__ = ["Pages"]
 
@@ -32,6 +33,14 @@ __all__ = ["Pages"]
 MIN_GAP_S = 0.2
 KEEPALIVE_S = 15.0
 _STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+
+
+def _since(text: str, default: int) -> int:
+    """The watcher's version a page was rendered from (``default`` when not a number)."""
+    try:
+        return int(text)
+    except ValueError:
+        return default
 
 
 class Pages:
@@ -42,11 +51,9 @@ class Pages:
         return RedirectResponse("/leases", status_code=307)
 
     async def leases(self, request: Request) -> Response:
-        await self.ctx.watcher.ready_for_a_page()
         chosen = self.ctx.lease_filter(request)
-        return self.ctx.page(
-            request, "leases.html", view="leases", **self.ctx.leases_values(chosen)
-        )
+        values = await self.ctx.first_leases_values(chosen)
+        return self.ctx.page(request, "leases.html", view="leases", **values)
 
     async def key(self, request: Request) -> Response:
         key = check_name(request.query_params.get("k", ""), "key")
@@ -69,8 +76,22 @@ class Pages:
             request,
             "threads.html",
             view="threads",
-            namespace=namespace,
             **self.ctx.threads_values(namespace, found),
+        )
+
+    async def thread(self, request: Request) -> Response:
+        names, thread_key = self.ctx.thread_of(
+            request.query_params.get("ns", ""), request.query_params.get("t", "")
+        )
+        await self.ctx.watcher.ready_for_a_page()
+        found = await self.ctx.threads_of(names.namespace).get()
+        output = await self.ctx.output_of(names, thread_key).get()
+        return self.ctx.page(
+            request,
+            "thread.html",
+            view="thread",
+            done=request.query_params.get("done", ""),
+            **self.ctx.thread_values(names, thread_key, found, output),
         )
 
     async def health(self, request: Request) -> Response:
@@ -84,8 +105,14 @@ class Pages:
             "live pages": watcher.viewers,
         }
         counters.update({name: read() for name, read in self.ctx.settings.counters.items()})
+        reader = self.ctx.settings.metric_reader
         return self.ctx.page(
-            request, "health.html", view="health", findings=findings, counters=counters
+            request,
+            "health.html",
+            view="health",
+            findings=findings,
+            counters=counters,
+            metrics=None if reader is None else metric_rows(reader),
         )
 
     async def audit(self, request: Request) -> Response:
@@ -131,6 +158,15 @@ class Pages:
             namespace = ctx.namespace_of(request)
             found = await ctx.threads_of(namespace).get()
             return ctx.fragment("_threads_rows.html", **ctx.threads_values(namespace, found))
+        if view == "thread":
+            names, thread_key = ctx.thread_of(
+                request.query_params.get("ns", ""), request.query_params.get("t", "")
+            )
+            found = await ctx.threads_of(names.namespace).get()
+            output = await ctx.output_of(names, thread_key).get()
+            return ctx.fragment(
+                "_thread_live.html", **ctx.thread_values(names, thread_key, found, output)
+            )
         raise InvalidArgument(f"no live view {view!r}")
 
     async def events(self, request: Request) -> Response:
@@ -148,7 +184,9 @@ class Pages:
         watcher.viewers += 1
         watcher.watched()
         try:
-            version = watcher.version
+            # From the look the page was rendered from: a look that ended between the
+            # page and this stream is sent at once, not at the next change.
+            version = _since(request.query_params.get("since", ""), watcher.version)
             last = ""
             yield "retry: 1000\n\n"
             while True:

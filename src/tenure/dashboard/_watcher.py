@@ -15,6 +15,9 @@ backend one scan every few seconds. A page asked for after such a pause is
 rendered at once from the last look, and the look it wakes reaches it as a
 live update. When a scan takes long (a large key space), the
 pause after it grows so that scanning stays under a quarter of the time.
+Right after start, the leases page does not wait for the whole first look:
+it is shown from the leases that look has read so far (:meth:`first_leases`),
+and the whole list reaches it as a live update when the look ends.
 """
 
 from __future__ import annotations
@@ -166,6 +169,12 @@ class LeaseWatcher:
         self.scanning_s = 0.0
         self.error: str | None = None
         self.ready = asyncio.Event()
+        #: During the first look: the leases read so far, in the backend's order.
+        self._reading: dict[str, LeaseRecord] = {}
+        self._read_enough = asyncio.Event()
+        self._enough = 0
+        #: When the first look started (monotonic): its leases' TTLs count from then.
+        self.reading_since = 0.0
         self._changed = asyncio.Event()
         self._history: OrderedDict[str, deque[Event]] = OrderedDict()
         #: The first look (wall time, leases): what was held before the dashboard started.
@@ -211,10 +220,34 @@ class LeaseWatcher:
         await self.ready.wait()
         self.watched()
 
+    async def first_leases(self, count: int) -> dict[str, LeaseRecord] | None:
+        """Before the first look has ended: once it has read ``count`` leases (or
+        ended), the leases it has read so far, in the backend's order (by key in
+        SQL backends); ``None`` once there is a whole look to render from."""
+        self.watched()
+        if self.ready.is_set():
+            return None
+        if len(self._reading) < count:
+            self._enough = count
+            self._read_enough.clear()
+            await _first(self.ready.wait(), self._read_enough.wait())
+        return None if self.ready.is_set() else dict(self._reading)
+
     async def look(self) -> None:
         """One scan, its changes recorded and every waiting browser woken."""
         at = time.monotonic()
-        now = {key: record async for key, record in self._backend.scan_leases(self.prefix)}
+        if self.scans:
+            now = {key: record async for key, record in self._backend.scan_leases(self.prefix)}
+        else:  # the first look: a page can be shown from its first leases (first_leases)
+            self.reading_since = at
+            now = self._reading = {}
+            try:
+                async for key, record in self._backend.scan_leases(self.prefix):
+                    now[key] = record
+                    if self._enough and len(now) >= self._enough:
+                        self._read_enough.set()
+            finally:
+                self._reading = {}
         done = time.monotonic()
         if self.scans:
             found, after = changes(self.known, now, at, done)
@@ -291,6 +324,22 @@ class LeaseWatcher:
             if seen is not None:
                 yield _row(key, seen, self.interval, at)
 
+    def preview(
+        self, read: dict[str, LeaseRecord], chosen: LeaseFilter, size: int
+    ) -> list[LeaseRow]:
+        """The first ``size`` rows, by key, that ``chosen`` matches among the leases
+        ``read`` so far by the first look (see :meth:`first_leases`)."""
+        rows = []
+        now = time.monotonic()
+        for key in sorted(read):
+            seen = Seen(read[key], self.reading_since, read[key].ttl_ms)
+            row = _row(key, seen, self.interval, now)
+            if chosen.matches(row):
+                rows.append(row)
+                if len(rows) == size:
+                    break
+        return rows
+
     def select(self, chosen: LeaseFilter, size: int) -> tuple[list[LeaseRow], int]:
         """Page ``chosen.page`` (``size`` rows, by key) of the leases ``chosen`` matches,
         and how many it matches."""
@@ -306,6 +355,16 @@ class LeaseWatcher:
             return list(self.rows(keys[first : first + size])), len(keys)
         matching = [row for row in self.rows(keys) if chosen.matches(row)]
         return matching[first : first + size], len(matching)
+
+
+async def _first(*waits: Awaitable[Any]) -> None:
+    """Until the first of ``waits`` is done (the others cancelled)."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def _row(key: str, seen: Seen, interval: float, now: float) -> LeaseRow:
