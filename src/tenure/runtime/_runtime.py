@@ -71,7 +71,7 @@ from ._sending import Sender
 from ._sessions import Sessions
 from ._status import ThreadStatus, thread_statuses, with_sessions
 from ._sweep import Sweeper
-from ._types import OnEvent, Policy, SendResult
+from ._types import Debounce, OnEvent, Policy, SendResult
 
 __all__ = ["CLOSE_MARKER", "GROUP", "SIGNAL_TYPE", "Handler", "ThreadRun", "ThreadRuntime"]
 
@@ -123,7 +123,7 @@ class ThreadRuntime(AsyncCloseable):
         marker_timeout: float = 10.0,
         unsubscribe_timeout: float = 5.0,
         cancel_on_loss: bool = True,
-        policy: Policy = "enqueue",
+        policy: Policy | Debounce = "enqueue",
         namespace: str = "tenure.thread",
         output: Retention | bool = False,
         on_rollback: OnRollback | None = None,
@@ -259,7 +259,7 @@ class ThreadRuntime(AsyncCloseable):
         payload: Any,
         *,
         signal_id: str | None = None,
-        policy: Policy | None = None,
+        policy: Policy | Debounce | None = None,
     ) -> SendResult:
         """Make ``payload`` a durable signal of ``thread_key`` and see that a run reads it.
 

@@ -106,11 +106,12 @@ def with_sessions(
         )
         # ``inflight`` holds every signal received and not settled, the queued included.
         inbox = session.inbox
+        # A debounce's held signals, acknowledged to read newer ones, wait too.
         queued = len(inbox.buffer)
         by_key[key] = replace(
             base,
             local=True,
-            queued=queued,
+            queued=queued + len(inbox.held),
             in_flight=len(inbox.inflight) - queued,
             held_ms=int((time.monotonic() - session.taken_at) * 1000),
         )
