@@ -9,6 +9,7 @@ settled as its policy allows, visibly, and never two runs at once.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -77,6 +78,40 @@ async def test_a_burst_of_100_coalescing_signals_from_5_processes_makes_one_more
 
 
 @pytest.mark.asyncio
+async def test_debounce_holds_its_window_whatever_the_senders_clocks_say(spawn: Spawner) -> None:
+    # Three senders whose clocks are seconds apart take turns on an idle thread,
+    # well within the window of one another: the thread runs once, with all of
+    # them, a whole window after the last send began. Were the window counted on
+    # the signals' send times, the skews alone would split the burst.
+    window = 1.5
+    skews = ["-5", "5", "-3"]
+    senders = [
+        await spawn(f"s{i}", "--policy", "debounce", "--window", str(window), "--clock-skew", skew)
+        for i, skew in enumerate(skews)
+    ]
+    sent: list[Doc] = []
+    last_began = 0.0
+    for n in range(12):
+        last_began = time.monotonic()
+        sent.append(await senders[n % 3].send("thread", n))
+        await asyncio.sleep(0.05)
+    assert sent[0]["outcome"] == "wake"
+    assert {d["outcome"] for d in sent[1:]} == {"deliver"}
+
+    def takes() -> list[Doc]:
+        return [d for w in senders for d in w.of("take")]
+
+    await eventually(lambda: bool(takes()), timeout=60)
+    await asyncio.sleep(2 * window)  # nothing else runs
+    assert len(takes()) == 1
+    take = takes()[0]
+    assert [*take["coalesced"], take["sid"]] == [d["signal_id"] for d in sent]
+    # The owner heard of the last signal after its send began (one host's clock).
+    assert take["t"] >= last_began + window
+    assert len(coalesced_events(senders)) == 11
+
+
+@pytest.mark.asyncio
 async def test_a_send_s_policy_reaches_an_owner_with_another_default(spawn: Spawner) -> None:
     owner = await spawn("owner", "--policy", "enqueue")
     sender = await spawn("sender", "--policy", "enqueue")
@@ -89,7 +124,9 @@ async def test_a_send_s_policy_reaches_an_owner_with_another_default(spawn: Spaw
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("policy", ["enqueue", "coalesce", "interrupt", "rollback", "reject"])
+@pytest.mark.parametrize(
+    "policy", ["enqueue", "coalesce", "interrupt", "rollback", "reject", "debounce"]
+)
 async def test_the_owner_killed_while_signals_wait_loses_nothing_its_policy_does_not_settle(
     spawn: Spawner, policy: str
 ) -> None:
@@ -123,7 +160,7 @@ async def test_the_owner_killed_while_signals_wait_loses_nothing_its_policy_does
     await asyncio.sleep(0.5)
     if policy == "enqueue":
         assert set(stored) <= ran()
-    elif policy == "coalesce":
+    elif policy in ("coalesce", "debounce"):
         assert set(stored) <= ran() | coalesced()
     else:
         # interrupt/rollback: each newer signal may skip the older ones; the newest runs.
