@@ -112,6 +112,28 @@ async def test_debounce_holds_its_window_whatever_the_senders_clocks_say(spawn: 
 
 
 @pytest.mark.asyncio
+async def test_signals_discarded_while_a_run_is_busy_never_run_and_are_said_so(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    release = tmp_path / "release"
+    owner = await spawn("owner", "--idle", "0.5")
+    sender = await spawn("sender", "--policy", "discard")
+    busy = await owner.send("thread", {"hold": str(release)})
+    await owner.wait(lambda: bool(owner.of("take", sid=busy["signal_id"])))
+    sent = [await sender.send("thread", n) for n in range(5)]
+    assert {d["outcome"] for d in sent} == {"deliver"}
+    after = await sender.send("thread", "after", policy="enqueue")
+    # The owner decides when it hears of each (the request on the control topic):
+    # let the requests reach it while the run is still busy.
+    await asyncio.sleep(1.0)
+    release.touch()
+    await owner.wait(lambda: bool(owner.of("done", sid=after["signal_id"])))
+    discarded = [e["sid"] for e in owner.of("event", kind="discarded")]
+    assert discarded == [d["signal_id"] for d in sent]
+    assert [d["payload"] for d in owner.of("take")] == [{"hold": str(release)}, "after"]
+
+
+@pytest.mark.asyncio
 async def test_a_send_s_policy_reaches_an_owner_with_another_default(spawn: Spawner) -> None:
     owner = await spawn("owner", "--policy", "enqueue")
     sender = await spawn("sender", "--policy", "enqueue")
@@ -125,7 +147,7 @@ async def test_a_send_s_policy_reaches_an_owner_with_another_default(spawn: Spaw
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
-    "policy", ["enqueue", "coalesce", "interrupt", "rollback", "reject", "debounce"]
+    "policy", ["enqueue", "coalesce", "interrupt", "rollback", "reject", "debounce", "discard"]
 )
 async def test_the_owner_killed_while_signals_wait_loses_nothing_its_policy_does_not_settle(
     spawn: Spawner, policy: str
@@ -150,6 +172,16 @@ async def test_the_owner_killed_while_signals_wait_loses_nothing_its_policy_does
         into = {c for w in workers for d in w.of("take") for c in d["coalesced"]}
         return into | {e["sid"] for e in coalesced_events(workers)}
 
+    if policy == "discard":
+        # Each runs, or is discarded by an owner that heard of it while busy and
+        # lived to read it: one that died first told nobody, and the heir runs it.
+        def settled() -> set[str]:
+            return ran() | {e["sid"] for w in workers for e in w.of("event", kind="discarded")}
+
+        await eventually(lambda: busy["signal_id"] in ran(), timeout=60)
+        await eventually(lambda: set(stored) <= settled(), timeout=60)
+        assert_never_two_runs(workers, "thread")
+        return
     if policy == "reject":
         assert stored == []
         # The blocked signal, never acknowledged, runs again elsewhere (attempt 2 passes).

@@ -75,6 +75,11 @@ class Control:
             "interrupted", self._thread_key, run_id=run_id, signal_id=signal.id, detail="skipped"
         )
 
+    def discarded(self, run_id: str, signal_id: str) -> None:
+        self._ctx.emit(
+            "discarded", self._thread_key, run_id=run_id, signal_id=signal_id, detail="run busy"
+        )
+
     def coalesced(self, run_id: str, signal_id: str, into: str) -> None:
         self._ctx.emit(
             "coalesced", self._thread_key, run_id=run_id, signal_id=signal_id, detail=f"into {into}"

@@ -102,6 +102,7 @@ class Inbox:
         lost: asyncio.Event,
         on_skipped: Callable[[Signal], None],
         on_coalesced: Callable[[str, str], None],
+        on_discarded: Callable[[str], None],
     ) -> None:
         self.thread_key = thread_key
         self._sid = sid
@@ -109,6 +110,10 @@ class Inbox:
         self._lost = lost
         self._on_skipped = on_skipped
         self._on_coalesced = on_coalesced
+        self._on_discarded = on_discarded
+        # Discarded before they arrived (see discard()), and how many were.
+        self._discarding: OrderedDict[str, None] = OrderedDict()
+        self.discarded = 0
         self.buffer: deque[Pending] = deque()
         self.inflight: dict[str, Pending] = {}
         self.arrived = asyncio.Event()
@@ -166,6 +171,10 @@ class Inbox:
         )
         if self._skipped(arrived):
             return  # acknowledged unhandled: a request came after it
+        if arrived.id in self._discarding:
+            del self._discarding[arrived.id]
+            self._discarded(arrived.id)
+            return  # acknowledged unrun: sent under discard while a run was busy
         signal = self._carried_into(arrived)
         if signal is None:
             return  # settled as coalesced into a newer signal
@@ -407,6 +416,26 @@ class Inbox:
         for old in skipped:
             settle(old, "ack")
         return skipped
+
+    def discard(self, signal_id: str) -> None:
+        """Settle ``signal_id`` unrun, as discarded: now if it waits here, when
+        it arrives otherwise (unless a run took it already)."""
+        for pending in self.buffer:
+            if pending.signal.id == signal_id:
+                self.buffer.remove(pending)
+                settle(pending, "ack")
+                self._discarded(signal_id)
+                return
+        if signal_id in self.inflight or signal_id in self._taken:
+            return
+        discarding = self._discarding
+        discarding[signal_id] = None
+        if len(discarding) > _TAKEN_KEPT:
+            discarding.popitem(last=False)
+
+    def _discarded(self, signal_id: str) -> None:
+        self.discarded += 1
+        self._on_discarded(signal_id)
 
     def _skipped(self, signal: Signal) -> bool:
         """Whether ``signal`` is one a request skips (sent before the requesting one)."""

@@ -32,7 +32,8 @@ class SendRule:
     signal. ``drops_older``: the signals waiting before it are acknowledged
     unhandled. ``carries_older``: the signals waiting before it are settled as
     coalesced into it and handed to its run with it (``Signal.coalesced``).
-    ``rolls_back``: the run it cancels is rolled back (the runtime's
+    ``drops_itself``: when the owner hears of it while a run handles a
+    signal, it is settled unrun, as discarded. ``rolls_back``: the run it cancels is rolled back (the runtime's
     ``on_rollback``) before the next run starts. ``window`` (seconds): the
     signal is held, run or no run, until the owner has heard of no newer
     signal of the thread for ``window``, then handed over with the held ones
@@ -44,13 +45,20 @@ class SendRule:
     cancels_run: bool = False
     drops_older: bool = False
     carries_older: bool = False
+    drops_itself: bool = False
     rolls_back: bool = False
     window: float | None = None
 
     @property
     def tells_owner(self) -> bool:
         """Whether the owner must hear of the signal at once, ahead of the log's order."""
-        return self.cancels_run or self.drops_older or self.carries_older or self.holds
+        return (
+            self.cancels_run
+            or self.drops_older
+            or self.carries_older
+            or self.drops_itself
+            or self.holds
+        )
 
     @property
     def holds(self) -> bool:
@@ -71,6 +79,7 @@ RULES: dict[str, SendRule] = {
         SendRule("interrupt", cancels_run=True, drops_older=True),
         SendRule("reject", admitted_while_active=False),
         SendRule("coalesce", carries_older=True),
+        SendRule("discard", drops_itself=True),
         SendRule("rollback", cancels_run=True, drops_older=True, rolls_back=True),
     )
 }
@@ -121,7 +130,9 @@ def overtake(
     senders' clocks) goes on. Returns whether the run was cancelled.
 
     A coalescing signal cancels nothing: the signals waiting before it are
-    carried into it (:meth:`~._inbox.Inbox.carry_through`). A debouncing one
+    carried into it (:meth:`~._inbox.Inbox.carry_through`). A discarding one
+    is settled unrun if the run handles a signal (:meth:`~._inbox.Inbox.discard`).
+    A debouncing one
     (``rule.holds``) restarts the thread's quiet window, whether a run is
     active or not, and cancels nothing.
     """
@@ -135,6 +146,10 @@ def overtake(
     if rule.carries_older:
         run.emit("coalescing", signal_id, "waits behind the run")
         inbox.carry_through(signal_id, sent_at)
+        return False
+    if rule.drops_itself:
+        if current_signal(run) is not None:
+            inbox.discard(signal_id)
         return False
     current = current_signal(run)
     newer_runs = current is not None and current.sent_at > sent_at

@@ -64,6 +64,7 @@ class Session:
             self.lost,
             lambda signal: self.control.skipped(self.run_id, signal),
             lambda signal_id, into: self.control.coalesced(self.run_id, signal_id, into),
+            lambda signal_id: self.control.discarded(self.run_id, signal_id),
         )
         self.closing = False
         self.done = False

@@ -24,7 +24,7 @@ Outcome = Literal["wake", "deliver", "rejected"]
 
 #: What a new signal does to a thread whose run is active (double-texting).
 #: ``"debounce"`` is the name of a :class:`Debounce` (it needs a window).
-Policy = Literal["enqueue", "interrupt", "reject", "coalesce", "rollback", "debounce"]
+Policy = Literal["enqueue", "interrupt", "reject", "coalesce", "rollback", "discard", "debounce"]
 
 # The longest debounce window accepted, in seconds.
 MAX_WINDOW = 3600.0
@@ -75,6 +75,7 @@ EventKind = Literal[
     "interrupted",
     "coalescing",
     "coalesced",
+    "discarded",
     "rollback",
     "run_end",
     "refused",
@@ -158,6 +159,10 @@ class RuntimeEvent:
     ``Signal.coalesced`` (it comes when that signal is read, in log order). A ``"rollback"`` event says
     ``on_rollback`` was called for the interrupted run ``run_id`` (``detail``:
     ``"ok"`` or the error it raised).
+
+    A ``"discarded"`` event names a signal (``signal_id``) sent under the
+    ``discard`` policy that the owner settled unrun, because a run was
+    handling a signal when it heard of it.
 
     A ``"refused"`` event says the backend refuses the thread's lease to
     everyone for a while (``detail``: ``"quarantine: retry in <ms> ms"``, a
