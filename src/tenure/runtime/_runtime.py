@@ -32,7 +32,10 @@ With the default settings, on a backend that carries signals between processes
   for the cancelled run before the next one. ``coalesce``: of the signals
   waiting behind the run only the newest runs, with the others in
   ``Signal.coalesced``. ``reject``: ``send_signal`` answers ``"rejected"`` and
-  stores nothing while a run of the thread is active anywhere. Exact
+  stores nothing while a run of the thread is active anywhere. ``discard``:
+  stored, then settled unrun (``"discarded"``) if the owner hears of it while
+  its run is busy. ``Debounce(window)``: held until the owner heard of no new
+  signal for ``window`` seconds, then handed over together. Exact
   semantics, also when the owner dies: ``docs/policies.md``.
 
 Design
@@ -95,8 +98,9 @@ class ThreadRuntime(AsyncCloseable):
     ``unsubscribe_timeout`` (seconds a closing session waits for the backend's
     ``unsubscribe``, default 5 s), ``cancel_on_loss`` (cancel the handler when
     the lease is lost, default true), ``policy`` (``"enqueue"``,
-    ``"interrupt"``, ``"rollback"``, ``"coalesce"`` or ``"reject"``: what a new
-    signal does to an active run, unless its send chooses), ``namespace``
+    ``"interrupt"``, ``"rollback"``, ``"coalesce"``, ``"reject"``,
+    ``"discard"`` or a :class:`~tenure.Debounce`: what a new signal does to an
+    active run, unless its send chooses), ``namespace``
     (keeps applications apart; default ``"tenure.thread"``), ``on_rollback``
     (called as ``on_rollback(thread_key, run_id)``, sync or async, for a run a
     ``rollback`` signal cancelled, before the thread's next run).
