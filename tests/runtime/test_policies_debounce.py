@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tenure import Debounce, InvalidArgument, MemoryPubSub, RuntimeEvent, ThreadRuntime
+from tenure import Debounce, Event, InvalidArgument, MemoryPubSub, RuntimeEvent, ThreadRuntime
+from tenure.runtime._log import INTERRUPT
 from tenure.testing import eventually
 
 from .test_policies import OPTIONS, Blocking, of_kind
@@ -146,3 +147,19 @@ async def test_a_signal_sent_otherwise_after_a_debounced_one_waits_its_turn() ->
         await eventually(lambda: len(handler.taken) == 3, timeout=10)
     assert handler.payloads() == ["slow", "d2", "e"]
     assert [s.payload for s in handler.taken[1][1].coalesced] == ["d1"]
+
+
+@pytest.mark.asyncio
+async def test_a_request_about_a_signal_that_never_comes_delays_the_burst_only_a_while() -> None:
+    # A request names a debounced signal this owner will never read (one a
+    # previous owner read, say): the held signals go to a run without it, after
+    # the window and at most max(window, 1 s) more, instead of waiting forever.
+    handler = Timed()
+    async with MemoryPubSub() as memory, ThreadRuntime(memory, handler, **OPTIONS) as rt:
+        first = await rt.send_signal("t", "a", policy=Debounce(0.1))
+        second = await rt.send_signal("t", "b", policy=Debounce(0.1))
+        ghost = {"signal": "ghost", "sent_at": time.time(), "policy": "debounce", "window": 0.1}
+        await memory.publish(rt.names.control("t"), Event(INTERRUPT, ghost))
+        await eventually(lambda: bool(handler.taken), timeout=10)
+    ((_, signal),) = handler.taken
+    assert (signal.id, [s.id for s in signal.coalesced]) == (second.signal_id, [first.signal_id])

@@ -314,8 +314,11 @@ class Inbox:
             heard.popitem(last=False)
         self._heard_at = asyncio.get_running_loop().time()
         self._window = window
+        announced = self._announced_ids
         if signal_id not in self.inflight and signal_id not in self._taken:
-            self._announced_ids[signal_id] = None
+            announced[signal_id] = None
+            if len(announced) > _TAKEN_KEPT:
+                del announced[next(iter(announced))]
 
     def _hold_until(self) -> float:
         """When the signal held first may go to a run (or the held ones without
