@@ -17,6 +17,7 @@ EXPECTED = [
     "BackendUnavailable",
     "Capability",
     "ConfigurationError",
+    "Debounce",
     "Event",
     "EventBackend",
     "HeldLease",

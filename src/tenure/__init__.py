@@ -35,7 +35,7 @@ from ._hold import HeldLease, acquire_wait, hold, renew_many
 from ._pubsub import Event, LeaseFence, PubSub
 from ._url import default_url, from_url
 from ._version import __version__ as __version__
-from .runtime import RuntimeEvent, SendResult, Signal, ThreadRun, ThreadRuntime
+from .runtime import Debounce, RuntimeEvent, SendResult, Signal, ThreadRun, ThreadRuntime
 
 if TYPE_CHECKING:
     from .backends.memory import MemoryPubSub
@@ -48,6 +48,7 @@ __all__ = [
     "BackendUnavailable",
     "Capability",
     "ConfigurationError",
+    "Debounce",
     "Event",
     "EventBackend",
     "Fenced",

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import tenure
-from tenure import RuntimeEvent, ThreadRun, ThreadRuntime
+from tenure import Debounce, RuntimeEvent, ThreadRun, ThreadRuntime
 from tenure.runtime._types import Policy
 
 
@@ -48,6 +48,14 @@ async def main() -> None:
     parser.add_argument("--one-per-run", action="store_true")
     parser.add_argument("--namespace", default="tenure.thread")
     parser.add_argument("--policy", default="enqueue", choices=get_args(Policy))
+    parser.add_argument("--window", type=float, default=0.2, help="the debounce policy's window")
+    parser.add_argument(
+        "--clock-skew",
+        type=float,
+        default=0.0,
+        help="seconds added to the wall clock this process stamps its signals with "
+        "(Event.created_at, Signal.sent_at): a sender on a host whose clock is off",
+    )
     parser.add_argument(
         "--slow-release-ms",
         type=float,
@@ -55,6 +63,8 @@ async def main() -> None:
         help="pause inside release_lease (prints releasing), to widen the closing window",
     )
     args = parser.parse_args()
+    if args.clock_skew:
+        skew_sent_at(args.clock_skew)
 
     async def handler(run: ThreadRun) -> None:
         say(
@@ -121,6 +131,29 @@ async def main() -> None:
     say(op="bye")
 
 
+def policy_of(name: Any, window: float) -> Any:
+    return Debounce(window) if name == "debounce" else name
+
+
+class _SkewedClock:
+    """The ``time`` module as ``tenure._pubsub`` uses it, ``skew`` seconds off."""
+
+    def __init__(self, skew: float) -> None:
+        self.skew = skew
+
+    def time(self) -> float:
+        return time.time() + self.skew
+
+
+def skew_sent_at(skew: float) -> None:
+    """Stamp this process's signals ``skew`` seconds off: the only place a sender's
+    clock enters a signal is the publish time ``prepare_event`` gives it. Leases
+    keep the true clock (a skewed host's SQLite leases would fail for another reason)."""
+    from tenure import _pubsub
+
+    setattr(_pubsub, "time", _SkewedClock(skew))  # noqa: B010 - a module attribute, on purpose
+
+
 class SlowRelease:
     """The backend's leases with a pause before each release (a test-only knob)."""
 
@@ -158,7 +191,7 @@ async def serve(
             process_id=args.process_id,
             on_event=on_event,
             namespace=args.namespace,
-            policy=args.policy,
+            policy=policy_of(args.policy, args.window),
         ) as runtime,
     ):
         say(op="ready")
@@ -168,7 +201,9 @@ async def serve(
                 cmd["thread"],
                 cmd["payload"],
                 signal_id=cmd.get("signal_id"),
-                policy=cmd.get("policy"),
+                policy=policy_of(cmd["policy"], cmd.get("window", args.window))
+                if cmd.get("policy")
+                else None,
             )
             say(
                 op="sent",

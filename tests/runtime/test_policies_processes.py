@@ -9,6 +9,7 @@ settled as its policy allows, visibly, and never two runs at once.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -77,6 +78,62 @@ async def test_a_burst_of_100_coalescing_signals_from_5_processes_makes_one_more
 
 
 @pytest.mark.asyncio
+async def test_debounce_holds_its_window_whatever_the_senders_clocks_say(spawn: Spawner) -> None:
+    # Three senders whose clocks are seconds apart take turns on an idle thread,
+    # well within the window of one another: the thread runs once, with all of
+    # them, a whole window after the last send began. Were the window counted on
+    # the signals' send times, the skews alone would split the burst.
+    window = 1.5
+    skews = ["-5", "5", "-3"]
+    senders = [
+        await spawn(f"s{i}", "--policy", "debounce", "--window", str(window), "--clock-skew", skew)
+        for i, skew in enumerate(skews)
+    ]
+    sent: list[Doc] = []
+    last_began = 0.0
+    for n in range(12):
+        last_began = time.monotonic()
+        sent.append(await senders[n % 3].send("thread", n))
+        await asyncio.sleep(0.05)
+    assert sent[0]["outcome"] == "wake"
+    assert {d["outcome"] for d in sent[1:]} == {"deliver"}
+
+    def takes() -> list[Doc]:
+        return [d for w in senders for d in w.of("take")]
+
+    await eventually(lambda: bool(takes()), timeout=60)
+    await asyncio.sleep(2 * window)  # nothing else runs
+    assert len(takes()) == 1
+    take = takes()[0]
+    assert [*take["coalesced"], take["sid"]] == [d["signal_id"] for d in sent]
+    # The owner heard of the last signal after its send began (one host's clock).
+    assert take["t"] >= last_began + window
+    assert len(coalesced_events(senders)) == 11
+
+
+@pytest.mark.asyncio
+async def test_signals_discarded_while_a_run_is_busy_never_run_and_are_said_so(
+    spawn: Spawner, tmp_path: Path
+) -> None:
+    release = tmp_path / "release"
+    owner = await spawn("owner", "--idle", "0.5")
+    sender = await spawn("sender", "--policy", "discard")
+    busy = await owner.send("thread", {"hold": str(release)})
+    await owner.wait(lambda: bool(owner.of("take", sid=busy["signal_id"])))
+    sent = [await sender.send("thread", n) for n in range(5)]
+    assert {d["outcome"] for d in sent} == {"deliver"}
+    after = await sender.send("thread", "after", policy="enqueue")
+    # The owner decides when it hears of each (the request on the control topic):
+    # let the requests reach it while the run is still busy.
+    await asyncio.sleep(1.0)
+    release.touch()
+    await owner.wait(lambda: bool(owner.of("done", sid=after["signal_id"])))
+    discarded = [e["sid"] for e in owner.of("event", kind="discarded")]
+    assert discarded == [d["signal_id"] for d in sent]
+    assert [d["payload"] for d in owner.of("take")] == [{"hold": str(release)}, "after"]
+
+
+@pytest.mark.asyncio
 async def test_a_send_s_policy_reaches_an_owner_with_another_default(spawn: Spawner) -> None:
     owner = await spawn("owner", "--policy", "enqueue")
     sender = await spawn("sender", "--policy", "enqueue")
@@ -89,7 +146,9 @@ async def test_a_send_s_policy_reaches_an_owner_with_another_default(spawn: Spaw
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("policy", ["enqueue", "coalesce", "interrupt", "rollback", "reject"])
+@pytest.mark.parametrize(
+    "policy", ["enqueue", "coalesce", "interrupt", "rollback", "reject", "debounce", "discard"]
+)
 async def test_the_owner_killed_while_signals_wait_loses_nothing_its_policy_does_not_settle(
     spawn: Spawner, policy: str
 ) -> None:
@@ -113,6 +172,16 @@ async def test_the_owner_killed_while_signals_wait_loses_nothing_its_policy_does
         into = {c for w in workers for d in w.of("take") for c in d["coalesced"]}
         return into | {e["sid"] for e in coalesced_events(workers)}
 
+    if policy == "discard":
+        # Each runs, or is discarded by an owner that heard of it while busy and
+        # lived to read it: one that died first told nobody, and the heir runs it.
+        def settled() -> set[str]:
+            return ran() | {e["sid"] for w in workers for e in w.of("event", kind="discarded")}
+
+        await eventually(lambda: busy["signal_id"] in ran(), timeout=60)
+        await eventually(lambda: set(stored) <= settled(), timeout=60)
+        assert_never_two_runs(workers, "thread")
+        return
     if policy == "reject":
         assert stored == []
         # The blocked signal, never acknowledged, runs again elsewhere (attempt 2 passes).
@@ -123,7 +192,7 @@ async def test_the_owner_killed_while_signals_wait_loses_nothing_its_policy_does
     await asyncio.sleep(0.5)
     if policy == "enqueue":
         assert set(stored) <= ran()
-    elif policy == "coalesce":
+    elif policy in ("coalesce", "debounce"):
         assert set(stored) <= ran() | coalesced()
     else:
         # interrupt/rollback: each newer signal may skip the older ones; the newest runs.

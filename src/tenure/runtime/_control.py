@@ -11,7 +11,7 @@ import logging
 from .._pubsub import Event
 from ._context import SessionContext
 from ._inbox import Inbox
-from ._policies import RULES, SendRule, overtake
+from ._policies import SendRule, overtake, rule_on_wire
 from ._run import RunEnd, ThreadRun
 from ._types import Signal
 
@@ -49,8 +49,7 @@ class Control:
         """
         data = event.data if isinstance(event.data, dict) else {}
         signal_id, sent_at = data.get("signal"), data.get("sent_at")
-        policy = data.get("policy")
-        rule = RULES.get(policy, self._ctx.rule) if isinstance(policy, str) else self._ctx.rule
+        rule = rule_on_wire(data, self._ctx.rule) or self._ctx.rule
         if isinstance(signal_id, str) and isinstance(sent_at, int | float):
             return rule, signal_id, float(sent_at)
         return None
@@ -74,6 +73,11 @@ class Control:
     def skipped(self, run_id: str, signal: Signal) -> None:
         self._ctx.emit(
             "interrupted", self._thread_key, run_id=run_id, signal_id=signal.id, detail="skipped"
+        )
+
+    def discarded(self, run_id: str, signal_id: str) -> None:
+        self._ctx.emit(
+            "discarded", self._thread_key, run_id=run_id, signal_id=signal_id, detail="run busy"
         )
 
     def coalesced(self, run_id: str, signal_id: str, into: str) -> None:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from .._errors import TenureError
 from .._pubsub import Event
@@ -40,6 +41,11 @@ _CARRY_GRACE_S = 2.0
 # about one of them is known to come too late (it follows its signal closely).
 _TAKEN_KEPT = 1024
 
+# How much longer than its window a debounce waits for a signal a request
+# announced, at least, before it hands over the held ones without it (a
+# request about a signal that never reaches this session).
+_ANNOUNCED_WAIT = 1.0
+
 
 class _Refused(TenureError):
     """Raised from a subscription callback so the backend keeps the event for later."""
@@ -53,6 +59,16 @@ class Pending:
     # A future each, not one shared: cancelling a callback must leave the signal
     # unsettled, and a shared future under asyncio.shield costs a loop turn more.
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    # Sent under debounce: no run takes it before the thread's quiet window.
+    held: bool = False
+
+
+def _window_of(data: dict[str, Any]) -> float | None:
+    """The debounce window a stored signal carries (see ``SendRule.on_wire``)."""
+    window = data.get("window") if data.get("policy") == "debounce" else None
+    if isinstance(window, int | float) and math.isfinite(window) and window > 0:
+        return float(window)
+    return None
 
 
 def settle(pending: Pending, how: Settle) -> None:
@@ -86,6 +102,7 @@ class Inbox:
         lost: asyncio.Event,
         on_skipped: Callable[[Signal], None],
         on_coalesced: Callable[[str, str], None],
+        on_discarded: Callable[[str], None],
     ) -> None:
         self.thread_key = thread_key
         self._sid = sid
@@ -93,6 +110,10 @@ class Inbox:
         self._lost = lost
         self._on_skipped = on_skipped
         self._on_coalesced = on_coalesced
+        self._on_discarded = on_discarded
+        # Discarded before they arrived (see discard()), and how many were.
+        self._discarding: OrderedDict[str, None] = OrderedDict()
+        self.discarded = 0
         self.buffer: deque[Pending] = deque()
         self.inflight: dict[str, Pending] = {}
         self.arrived = asyncio.Event()
@@ -109,6 +130,17 @@ class Inbox:
         self._coming: dict[str, float] = {}
         self._carried: list[Signal] = []
         self._carry_timer: asyncio.TimerHandle | None = None
+        # Debouncing (see heard()): the ids heard of (bounded), when the newest
+        # was first heard of (the loop's clock) and its window; the ids a
+        # request announced that have not arrived yet; the held signals already
+        # acknowledged so the next ones could be read, oldest first; and the
+        # signal a run takes next, once chosen.
+        self._heard: OrderedDict[str, None] = OrderedDict()
+        self._heard_at = 0.0
+        self._window = 0.0
+        self._announced_ids: dict[str, None] = {}
+        self.held: list[Signal] = []
+        self._next: Pending | None = None
         # The idle timer of the waits, and the deadline of the wait under way
         # (the loop's clock); see wait().
         self._timer: asyncio.TimerHandle | None = None
@@ -139,12 +171,20 @@ class Inbox:
         )
         if self._skipped(arrived):
             return  # acknowledged unhandled: a request came after it
+        if arrived.id in self._discarding:
+            del self._discarding[arrived.id]
+            self._discarded(arrived.id)
+            return  # acknowledged unrun: sent under discard while a run was busy
         signal = self._carried_into(arrived)
         if signal is None:
             return  # settled as coalesced into a newer signal
         pending = self.inflight.get(signal.id)
         if pending is None:
-            pending = Pending(signal)
+            window = _window_of(data)
+            pending = Pending(signal, held=window is not None)
+            if window is not None:
+                self.heard(signal.id, window)
+                self._announced_ids.pop(signal.id, None)
             self.inflight[signal.id] = pending
             self.buffer.append(pending)
             self.arrived.set()
@@ -171,28 +211,55 @@ class Inbox:
 
     # -- what runs read -----------------------------------------------------
 
+    @property
+    def has_work(self) -> bool:
+        """Whether a signal waits here for a run (held by a debounce or not)."""
+        return bool(self.buffer or self.held or self._next)
+
     async def next(self, idle_timeout: float) -> Pending | None:
-        """The next signal, or ``None`` once none came for ``idle_timeout`` s or the lease is lost."""
-        if not self.buffer:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + idle_timeout
-            while not self.buffer:
-                if self._lost.is_set():
-                    return None
-                if loop.time() >= deadline:
-                    if not self._carried:
-                        return None
-                    # Signals carried into a coalescing one are on their way to a run.
-                    deadline = loop.time() + _CARRY_GRACE_S
-                await self.wait(deadline)
-        if self._lost.is_set():
-            return None
-        pending = self.buffer.popleft()
-        taken = self._taken
-        taken[pending.signal.id] = None
-        if len(taken) > _TAKEN_KEPT:
-            taken.popitem(last=False)
-        return pending
+        """The next signal, or ``None`` once none came for ``idle_timeout`` s or the lease is lost.
+
+        A debounce holds it (see :meth:`heard`): the idle timeout does not
+        count while a held signal waits.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + idle_timeout
+        while not self._lost.is_set():
+            pending = self._choose(loop.time())
+            if pending is not None:
+                self._next = None
+                taken = self._taken
+                taken[pending.signal.id] = None
+                if len(taken) > _TAKEN_KEPT:
+                    taken.popitem(last=False)
+                return pending
+            if self.has_work:
+                await self._wait_until(self._hold_until())
+            elif loop.time() < deadline:
+                await self._wait_until(deadline)
+            elif self._carried:
+                # Signals carried into a coalescing one are on their way to a run.
+                deadline = loop.time() + _CARRY_GRACE_S
+            else:
+                return None
+        return None
+
+    async def ready(self) -> None:
+        """Wait until a run could take a signal at once (or the lease is lost).
+
+        Returns at once when nothing waits: the caller looked for work first.
+        """
+        loop = asyncio.get_running_loop()
+        while not self._lost.is_set() and self._held_back(loop.time()):
+            await self._wait_until(self._hold_until())
+
+    def retry_first(self) -> None:
+        """Hand the first waiting signal back to the log (a run returned without reading it)."""
+        first, self._next = self._next, None
+        if first is None and self.buffer:
+            first = self.buffer.popleft()
+        if first is not None:
+            settle(first, "retry")
 
     async def wait(self, deadline: float) -> None:
         """Wait until a signal is buffered, the lease is lost or the loop's clock
@@ -206,6 +273,13 @@ class Inbox:
         self.arrived.clear()
         if self.buffer or self._lost.is_set():
             return
+        await self._wait_until(deadline)
+
+    async def _wait_until(self, deadline: float) -> None:
+        """Wait until a signal arrives, the lease is lost or ``deadline`` (see :meth:`wait`)."""
+        self.arrived.clear()
+        if self._lost.is_set():
+            return
         self._wake_at = deadline
         timer = self._timer
         if timer is None or timer.when() > deadline:
@@ -217,6 +291,92 @@ class Inbox:
             await self.arrived.wait()
         finally:
             self._waiting = False
+
+    # -- debouncing ------------------------------------------------------------
+
+    def heard(self, signal_id: str, window: float) -> None:
+        """This session learned of the debouncing signal ``signal_id`` (its
+        request or itself, whichever came first): the thread's quiet window
+        starts again, ``window`` seconds on this process's monotonic clock.
+
+        No run takes a held signal before the window passes with nothing new
+        heard of; then the newest signal heard of is handed over with every
+        held one before it in ``Signal.coalesced`` (each settled as coalesced
+        into it). To read a newer signal the log holds behind one, the older
+        one is acknowledged and kept here meanwhile (:attr:`held`). A sender's
+        clock enters nowhere: only when this session heard of each signal.
+        """
+        heard = self._heard
+        if signal_id in heard:
+            return
+        heard[signal_id] = None
+        if len(heard) > _TAKEN_KEPT:
+            heard.popitem(last=False)
+        self._heard_at = asyncio.get_running_loop().time()
+        self._window = window
+        announced = self._announced_ids
+        if signal_id not in self.inflight and signal_id not in self._taken:
+            announced[signal_id] = None
+            if len(announced) > _TAKEN_KEPT:
+                del announced[next(iter(announced))]
+
+    def _hold_until(self) -> float:
+        """When the signal held first may go to a run (or the held ones without
+        the signals announced: see :data:`_ANNOUNCED_WAIT`)."""
+        quiet = self._heard_at + self._window
+        if self.buffer or not self.held:
+            return quiet
+        return quiet + max(self._window, _ANNOUNCED_WAIT)
+
+    def _held_back(self, now: float) -> bool:
+        """Whether a debounce keeps the next signal from a run at ``now``.
+
+        Nothing leaves the buffer here: a request may still skip or carry it.
+        """
+        if self._next is not None:
+            return False
+        if self.buffer:
+            return self.buffer[0].held and now < self._heard_at + self._window
+        return bool(self.held) and now < self._hold_until()
+
+    def _choose(self, now: float) -> Pending | None:
+        """The signal a run takes next, if one may go now (set aside in ``_next``)."""
+        if self._next is not None:
+            return self._next
+        while self.buffer and self._next is None:
+            head = self.buffer[0]
+            if not head.held:
+                # Held signals before one sent otherwise: they go first, together.
+                self._next = self._release_held() if self.held else self.buffer.popleft()
+            elif now < self._heard_at + self._window:
+                return None
+            else:
+                self.buffer.popleft()
+                if (self.buffer and self.buffer[0].held) or self._announced_ids:
+                    # Newer held signals wait behind it, or are on their way:
+                    # keep this one and read them.
+                    self.held.extend(head.signal.coalesced)
+                    self.held.append(replace(head.signal, coalesced=()))
+                    settle(head, "ack")
+                else:
+                    head.signal = self._hand_held(head.signal)
+                    self._next = head
+        if self._next is None and not self.buffer and self.held and now >= self._hold_until():
+            self._announced_ids.clear()
+            self._next = self._release_held()
+        return self._next
+
+    def _hand_held(self, signal: Signal) -> Signal:
+        """``signal`` with the held signals before it, each settled as coalesced into it."""
+        held, self.held = self.held, []
+        for old in held:
+            self._on_coalesced(old.id, signal.id)
+        return replace(signal, coalesced=(*held, *signal.coalesced)) if held else signal
+
+    def _release_held(self) -> Pending:
+        """The held signals as one, the newest with the older ones (already acknowledged)."""
+        newest = self.held.pop()
+        return Pending(self._hand_held(newest), how="ack")
 
     def wake(self) -> None:
         """Wake a wait under way (the lease was lost)."""
@@ -259,6 +419,26 @@ class Inbox:
         for old in skipped:
             settle(old, "ack")
         return skipped
+
+    def discard(self, signal_id: str) -> None:
+        """Settle ``signal_id`` unrun, as discarded: now if it waits here, when
+        it arrives otherwise (unless a run took it already)."""
+        for pending in self.buffer:
+            if pending.signal.id == signal_id:
+                self.buffer.remove(pending)
+                settle(pending, "ack")
+                self._discarded(signal_id)
+                return
+        if signal_id in self.inflight or signal_id in self._taken:
+            return
+        discarding = self._discarding
+        discarding[signal_id] = None
+        if len(discarding) > _TAKEN_KEPT:
+            discarding.popitem(last=False)
+
+    def _discarded(self, signal_id: str) -> None:
+        self.discarded += 1
+        self._on_discarded(signal_id)
 
     def _skipped(self, signal: Signal) -> bool:
         """Whether ``signal`` is one a request skips (sent before the requesting one)."""
@@ -377,6 +557,15 @@ class Inbox:
             )
             self._carried = []
         self._coming.clear()
+        if self.held:
+            # Acknowledged to read newer ones: gone with this session (docs/policies.md).
+            logger.warning(
+                "thread %r: %d debounced signal(s) acknowledged but not yet run are dropped",
+                self.thread_key,
+                len(self.held),
+            )
+            self.held.clear()
+        self._next = None
         while self.buffer:
             settle(self.buffer.popleft(), "abandon")
         for pending in list(self.inflight.values()):

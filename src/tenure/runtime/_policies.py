@@ -9,15 +9,16 @@ policy is a new rule in :data:`RULES`.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import get_args
+import math
+from dataclasses import dataclass, replace
+from typing import Any, get_args
 
 from .._errors import InvalidArgument
 from ._inbox import Inbox
 from ._run import RunEnd, ThreadRun, current_signal, stop
-from ._types import Policy
+from ._types import MAX_WINDOW, Debounce, Policy
 
-__all__ = ["RULES", "SendRule", "overtake", "rule_for"]
+__all__ = ["RULES", "SendRule", "overtake", "rule_for", "rule_on_wire"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +32,12 @@ class SendRule:
     signal. ``drops_older``: the signals waiting before it are acknowledged
     unhandled. ``carries_older``: the signals waiting before it are settled as
     coalesced into it and handed to its run with it (``Signal.coalesced``).
-    ``rolls_back``: the run it cancels is rolled back (the runtime's
-    ``on_rollback``) before the next run starts.
+    ``drops_itself``: when the owner hears of it while a run handles a
+    signal, it is settled unrun, as discarded. ``rolls_back``: the run it cancels is rolled back (the runtime's
+    ``on_rollback``) before the next run starts. ``window`` (seconds): the
+    signal is held, run or no run, until the owner has heard of no newer
+    signal of the thread for ``window``, then handed over with the held ones
+    before it (:meth:`~._inbox.Inbox.debounce`).
     """
 
     name: Policy
@@ -40,12 +45,31 @@ class SendRule:
     cancels_run: bool = False
     drops_older: bool = False
     carries_older: bool = False
+    drops_itself: bool = False
     rolls_back: bool = False
+    window: float | None = None
 
     @property
     def tells_owner(self) -> bool:
         """Whether the owner must hear of the signal at once, ahead of the log's order."""
-        return self.cancels_run or self.drops_older or self.carries_older
+        return (
+            self.cancels_run
+            or self.drops_older
+            or self.carries_older
+            or self.drops_itself
+            or self.holds
+        )
+
+    @property
+    def holds(self) -> bool:
+        """Whether the signal waits for a quiet window before a run takes it."""
+        return self.window is not None
+
+    def on_wire(self) -> dict[str, Any]:
+        """What a signal and its request carry of the rule (read by :func:`rule_on_wire`)."""
+        if self.window is None:
+            return {"policy": self.name}
+        return {"policy": self.name, "window": self.window}
 
 
 RULES: dict[str, SendRule] = {
@@ -55,19 +79,38 @@ RULES: dict[str, SendRule] = {
         SendRule("interrupt", cancels_run=True, drops_older=True),
         SendRule("reject", admitted_while_active=False),
         SendRule("coalesce", carries_older=True),
+        SendRule("discard", drops_itself=True),
         SendRule("rollback", cancels_run=True, drops_older=True, rolls_back=True),
     )
 }
 
+# The rule of Debounce(window), with its window.
+_DEBOUNCE = SendRule("debounce", window=1.0)
+
 
 def rule_for(policy: object) -> SendRule:
-    """The rule of ``policy``; ``InvalidArgument`` for an unknown one."""
+    """The rule of ``policy`` (a name, or a :class:`Debounce`); ``InvalidArgument`` otherwise."""
+    if isinstance(policy, Debounce):
+        return replace(_DEBOUNCE, window=policy.window)
     rule = RULES.get(policy) if isinstance(policy, str) else None
     if rule is None:
-        raise InvalidArgument(
-            f"policy must be one of {', '.join(get_args(Policy))}, got {policy!r}"
+        names = ", ".join(repr(n) for n in get_args(Policy) if n in RULES)
+        hint = (
+            " (debounce needs a window: tenure.Debounce(seconds))" if policy == "debounce" else ""
         )
+        raise InvalidArgument(f"policy must be one of {names} or a Debounce, got {policy!r}{hint}")
     return rule
+
+
+def rule_on_wire(data: dict[str, Any], default: SendRule | None) -> SendRule | None:
+    """The rule a stored signal or a request names (:meth:`SendRule.on_wire`), else ``default``."""
+    policy = data.get("policy")
+    if policy == _DEBOUNCE.name:
+        window = data.get("window")
+        if isinstance(window, int | float) and math.isfinite(window) and 0 < window <= MAX_WINDOW:
+            return replace(_DEBOUNCE, window=float(window))
+        return default
+    return RULES.get(policy, default) if isinstance(policy, str) else default
 
 
 def overtake(
@@ -87,8 +130,15 @@ def overtake(
     senders' clocks) goes on. Returns whether the run was cancelled.
 
     A coalescing signal cancels nothing: the signals waiting before it are
-    carried into it (:meth:`~._inbox.Inbox.carry_through`).
+    carried into it (:meth:`~._inbox.Inbox.carry_through`). A discarding one
+    is settled unrun if the run handles a signal (:meth:`~._inbox.Inbox.discard`).
+    A debouncing one
+    (``rule.holds``) restarts the thread's quiet window, whether a run is
+    active or not, and cancels nothing.
     """
+    if rule.holds:
+        inbox.heard(signal_id, rule.window or 0.0)
+        return False
     if not rule.tells_owner or run is None or task is None or task.done() or run.interrupted:
         return False
     if inbox.was_taken(signal_id):
@@ -96,6 +146,10 @@ def overtake(
     if rule.carries_older:
         run.emit("coalescing", signal_id, "waits behind the run")
         inbox.carry_through(signal_id, sent_at)
+        return False
+    if rule.drops_itself:
+        if current_signal(run) is not None:
+            inbox.discard(signal_id)
         return False
     current = current_signal(run)
     newer_runs = current is not None and current.sent_at > sent_at

@@ -282,7 +282,7 @@ def finish(run: ThreadRun, end: RunEnd, *, leaving: bool) -> None:
         else:
             settle(run._current, "ack" if end in ("ok", "interrupted") else "retry")
         run._current = None
-    elif not run._taken and inbox.buffer and not leaving and end != "interrupted":
+    elif not run._taken and inbox.has_work and not leaving and end != "interrupted":
         # A handler that returns without reading would be run again and again
         # for the same signal: count it as a failed delivery instead, so the
         # backend's attempt limit ends the loop.
@@ -291,4 +291,4 @@ def finish(run: ThreadRun, end: RunEnd, *, leaving: bool) -> None:
             run.run_id,
             run.thread_key,
         )
-        settle(inbox.buffer.popleft(), "retry")
+        inbox.retry_first()

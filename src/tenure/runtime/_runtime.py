@@ -32,7 +32,10 @@ With the default settings, on a backend that carries signals between processes
   for the cancelled run before the next one. ``coalesce``: of the signals
   waiting behind the run only the newest runs, with the others in
   ``Signal.coalesced``. ``reject``: ``send_signal`` answers ``"rejected"`` and
-  stores nothing while a run of the thread is active anywhere. Exact
+  stores nothing while a run of the thread is active anywhere. ``discard``:
+  stored, then settled unrun (``"discarded"``) if the owner hears of it while
+  its run is busy. ``Debounce(window)``: held until the owner heard of no new
+  signal for ``window`` seconds, then handed over together. Exact
   semantics, also when the owner dies: ``docs/policies.md``.
 
 Design
@@ -71,7 +74,7 @@ from ._sending import Sender
 from ._sessions import Sessions
 from ._status import ThreadStatus, thread_statuses, with_sessions
 from ._sweep import Sweeper
-from ._types import OnEvent, Policy, SendResult
+from ._types import Debounce, OnEvent, Policy, SendResult
 
 __all__ = ["CLOSE_MARKER", "GROUP", "SIGNAL_TYPE", "Handler", "ThreadRun", "ThreadRuntime"]
 
@@ -95,8 +98,9 @@ class ThreadRuntime(AsyncCloseable):
     ``unsubscribe_timeout`` (seconds a closing session waits for the backend's
     ``unsubscribe``, default 5 s), ``cancel_on_loss`` (cancel the handler when
     the lease is lost, default true), ``policy`` (``"enqueue"``,
-    ``"interrupt"``, ``"rollback"``, ``"coalesce"`` or ``"reject"``: what a new
-    signal does to an active run, unless its send chooses), ``namespace``
+    ``"interrupt"``, ``"rollback"``, ``"coalesce"``, ``"reject"``,
+    ``"discard"`` or a :class:`~tenure.Debounce`: what a new signal does to an
+    active run, unless its send chooses), ``namespace``
     (keeps applications apart; default ``"tenure.thread"``), ``on_rollback``
     (called as ``on_rollback(thread_key, run_id)``, sync or async, for a run a
     ``rollback`` signal cancelled, before the thread's next run).
@@ -123,7 +127,7 @@ class ThreadRuntime(AsyncCloseable):
         marker_timeout: float = 10.0,
         unsubscribe_timeout: float = 5.0,
         cancel_on_loss: bool = True,
-        policy: Policy = "enqueue",
+        policy: Policy | Debounce = "enqueue",
         namespace: str = "tenure.thread",
         output: Retention | bool = False,
         on_rollback: OnRollback | None = None,
@@ -259,7 +263,7 @@ class ThreadRuntime(AsyncCloseable):
         payload: Any,
         *,
         signal_id: str | None = None,
-        policy: Policy | None = None,
+        policy: Policy | Debounce | None = None,
     ) -> SendResult:
         """Make ``payload`` a durable signal of ``thread_key`` and see that a run reads it.
 

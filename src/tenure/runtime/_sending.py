@@ -67,7 +67,7 @@ class Sender:
     ) -> SendResult:
         """``ThreadRuntime.send_signal`` once its arguments are checked, under ``rule``."""
         name = self._names.name(thread_key)
-        data = {"thread": thread_key, "payload": payload, "policy": rule.name}
+        data = {"thread": thread_key, "payload": payload, **rule.on_wire()}
         event = Event(SIGNAL_TYPE, data, None, signal_id)
         async with self._thread_lock(thread_key):
             session = self._sessions.get(thread_key)
@@ -92,7 +92,7 @@ class Sender:
             stored, owner = outcome
             if rule.tells_owner:
                 # The owner reads signals one at a time: tell it at once, out of band.
-                request = {"signal": stored.id, "sent_at": stored.created_at, "policy": rule.name}
+                request = {"signal": stored.id, "sent_at": stored.created_at, **rule.on_wire()}
                 await self._log.publish(self._names.control(thread_key), Event(INTERRUPT, request))
             return self._delivered(thread_key, run_of(owner), stored, rule)
 

@@ -64,6 +64,7 @@ class Session:
             self.lost,
             lambda signal: self.control.skipped(self.run_id, signal),
             lambda signal_id, into: self.control.coalesced(self.run_id, signal_id, into),
+            lambda signal_id: self.control.discarded(self.run_id, signal_id),
         )
         self.closing = False
         self.done = False
@@ -206,14 +207,17 @@ class Session:
 
     async def _main(self) -> None:
         try:
-            if not self.inbox.buffer:
+            if not self.inbox.has_work:
                 deadline = asyncio.get_running_loop().time() + self._ctx.settings.idle_timeout
                 await self.inbox.wait(deadline)
             while not self.lost.is_set():
-                if not self.inbox.buffer and await self._close_handshake():
+                if not self.inbox.has_work and await self._close_handshake():
                     # Decided: from here on, late deliveries are left for the next owner.
                     self.done = True
                     break
+                if self.lost.is_set():
+                    break
+                await self.inbox.ready()  # a debounce's quiet window
                 if self.lost.is_set():
                     break
                 if self._runs and not await self._handover():
@@ -262,7 +266,7 @@ class Session:
         ]
         inbox.arrived.clear()
         try:
-            if not inbox.buffer:
+            if not inbox.has_work:
                 done, _ = await asyncio.wait(
                     waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
@@ -276,7 +280,7 @@ class Session:
         finally:
             for w in waiters:
                 w.cancel()
-        if inbox.buffer and not self.lost.is_set():
+        if inbox.has_work and not self.lost.is_set():
             self.closing = False
             return False
         return True

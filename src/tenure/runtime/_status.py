@@ -35,7 +35,9 @@ class ThreadStatus:
     runs (``local``): ``queued``, the signals received and not yet handed to
     the handler, ``in_flight``, those handed to it and not acknowledged, and
     ``held_ms``, how long ago the thread was handed to this process (its last
-    hand-over; the backends do not keep it for threads run elsewhere).
+    hand-over; the backends do not keep it for threads run elsewhere), and
+    ``discarded``, the signals its session here settled unrun under the
+    ``discard`` policy.
     """
 
     thread_key: str
@@ -49,6 +51,7 @@ class ThreadStatus:
     queued: int | None = None
     in_flight: int | None = None
     held_ms: int | None = None
+    discarded: int | None = None
 
 
 async def thread_statuses(
@@ -106,12 +109,14 @@ def with_sessions(
         )
         # ``inflight`` holds every signal received and not settled, the queued included.
         inbox = session.inbox
+        # A debounce's held signals, acknowledged to read newer ones, wait too.
         queued = len(inbox.buffer)
         by_key[key] = replace(
             base,
             local=True,
-            queued=queued,
+            queued=queued + len(inbox.held),
             in_flight=len(inbox.inflight) - queued,
             held_ms=int((time.monotonic() - session.taken_at) * 1000),
+            discarded=inbox.discarded,
         )
     return [by_key[k] for k in sorted(by_key)]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._errors import InvalidArgument
+
 __all__ = [
+    "Debounce",
     "EventKind",
     "OnEvent",
     "Outcome",
@@ -19,7 +23,45 @@ __all__ = [
 Outcome = Literal["wake", "deliver", "rejected"]
 
 #: What a new signal does to a thread whose run is active (double-texting).
-Policy = Literal["enqueue", "interrupt", "reject", "coalesce", "rollback"]
+#: ``"debounce"`` is the name of a :class:`Debounce` (it needs a window).
+Policy = Literal["enqueue", "interrupt", "reject", "coalesce", "rollback", "discard", "debounce"]
+
+# The longest debounce window accepted, in seconds.
+MAX_WINDOW = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Debounce:
+    """The ``debounce`` policy: a run takes the thread's signals only once none
+    came for ``window`` seconds, all of them together.
+
+    Accepted wherever a policy name is (``send_signal(..., policy=Debounce(0.5))``,
+    ``ThreadRuntime(..., policy=Debounce(0.5))``). The window is counted by the
+    thread's owner, from when it learns of each signal (its request or the
+    signal itself, whichever comes first), on its own monotonic clock: a
+    sender's clock never enters. The run gets the newest signal with the older
+    ones in ``Signal.coalesced``. Raises :class:`~tenure.InvalidArgument` unless
+    ``window`` is a number of seconds in (0, 3600].
+    """
+
+    window: float
+
+    def __post_init__(self) -> None:
+        window = self.window
+        if isinstance(window, bool) or not isinstance(window, int | float):
+            raise InvalidArgument(
+                f"debounce window must be a number of seconds, got {type(window).__name__}"
+            )
+        if not (math.isfinite(window) and 0 < window <= MAX_WINDOW):
+            raise InvalidArgument(
+                f"debounce window must be in (0, {MAX_WINDOW:g}] seconds, got {window!r}"
+            )
+        object.__setattr__(self, "window", float(window))
+
+    @property
+    def name(self) -> Policy:
+        return "debounce"
+
 
 EventKind = Literal[
     "wake",
@@ -33,6 +75,7 @@ EventKind = Literal[
     "interrupted",
     "coalescing",
     "coalesced",
+    "discarded",
     "rollback",
     "run_end",
     "refused",
@@ -116,6 +159,10 @@ class RuntimeEvent:
     ``Signal.coalesced`` (it comes when that signal is read, in log order). A ``"rollback"`` event says
     ``on_rollback`` was called for the interrupted run ``run_id`` (``detail``:
     ``"ok"`` or the error it raised).
+
+    A ``"discarded"`` event names a signal (``signal_id``) sent under the
+    ``discard`` policy that the owner settled unrun, because a run was
+    handling a signal when it heard of it.
 
     A ``"refused"`` event says the backend refuses the thread's lease to
     everyone for a while (``detail``: ``"quarantine: retry in <ms> ms"``, a
