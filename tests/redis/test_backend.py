@@ -199,6 +199,7 @@ def test_declared_capabilities() -> None:
     assert RedisStreamsPubSub.capabilities == (
         C.RECORD
         | C.RENEW_MANY
+        | C.RENEW_OWNED
         | C.RELEASE_WAKEUPS
         | C.ATOMIC_TRANSFER
         | C.OPERATIONS

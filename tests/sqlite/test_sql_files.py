@@ -77,6 +77,7 @@ def test_the_backend_declares_its_capabilities(tmp_path: Path) -> None:
     assert capabilities_of(backend) == (
         Capability.RECORD
         | Capability.RENEW_MANY
+        | Capability.RENEW_OWNED
         | Capability.RELEASE_WAKEUPS
         | Capability.ATOMIC_TRANSFER
         | Capability.OPERATIONS

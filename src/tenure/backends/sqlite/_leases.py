@@ -144,6 +144,17 @@ class SqliteLeases(LeaseCore, Connected):
                 renewed.update(r[0] for r in rows)
         return renewed
 
+    def _renew_owned_job(
+        self, conn: sqlite3.Connection, pairs: list[tuple[bytes, bytes]], ttl_ms: int
+    ) -> list[bool]:
+        with self._write(conn):
+            now = self._clock()
+            deadline = now + ttl_ms / 1000
+            return [
+                conn.execute(_RENEW_LEASE, (deadline, key, owner, now)).rowcount == 1
+                for key, owner in pairs
+            ]
+
     def _scan_job(
         self, conn: sqlite3.Connection, low: bytes, high: bytes
     ) -> list[tuple[bytes, bytes, int, float]]:
@@ -225,6 +236,11 @@ class SqliteLeases(LeaseCore, Connected):
             return []
         renewed = await self._run(self._renew_many_job, encoded, owner.encode(), ttl)
         return [k in renewed for k in encoded]
+
+    async def _renew_owned(self, pairs: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        """Every pair's renewal (``lease_renew.sql``'s check) in one write transaction."""
+        encoded = [(key.encode(), owner.encode()) for key, owner in pairs]
+        return await self._run(self._renew_owned_job, encoded, ttl_ms)
 
     async def _scan(self, prefix: str) -> AsyncGenerator[list[tuple[str, LeaseRecord]], None]:
         low, high = prefix_range(prefix.encode())
