@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import cast
@@ -195,7 +196,7 @@ class Renewer:
             async with self._lock:
                 yield
         finally:
-            self._renewals.wake()  # it may be due, and was left out meanwhile
+            self._renewals.wake_for(self)  # it may be due, and was left out meanwhile
 
     def moved(self, owner: str, sent_at: float) -> None:
         """The lease was handed to ``owner`` by a transfer sent at ``sent_at``; renew it as that."""
@@ -225,6 +226,10 @@ class Renewals:
         self._members: dict[Renewer, None] = {}  # in the order they joined
         self._calls: dict[asyncio.Task[None], list[Renewer]] = {}
         self._wake = asyncio.Event()
+        # When the loop looks next (inf: it waits to be woken). Only a lease due
+        # before then wakes it, so that starting thousands of leases does not
+        # cost a look at every lease each.
+        self._next = math.inf
         self._task: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
@@ -234,12 +239,14 @@ class Renewals:
         """Whether ``renewer``'s lease is being renewed here now."""
         return renewer in self._members and self._task is not None and not self._task.done()
 
-    def wake(self) -> None:
-        self._wake.set()
+    def wake_for(self, renewer: Renewer) -> None:
+        """``renewer`` may be due before the loop's next look (it joined, or a transfer ended)."""
+        if renewer.due < self._next:
+            self._wake.set()
 
     def add(self, renewer: Renewer) -> None:
         self._members[renewer] = None
-        self._wake.set()
+        self.wake_for(renewer)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name=f"tenure-renew-{renewer.key!r}"
@@ -248,7 +255,8 @@ class Renewals:
     def discard(self, renewer: Renewer) -> None:
         """Renew ``renewer`` no more; a call in flight for it alone is abandoned."""
         self._members.pop(renewer, None)
-        self._wake.set()
+        if not self._members:
+            self._wake.set()  # the loop ends
         current = asyncio.current_task()
         for task, batch in list(self._calls.items()):
             if task is not current and renewer in batch and not any(m.alive for m in batch):
@@ -295,6 +303,7 @@ class Renewals:
                 free = [m for m in self._members if m.alive and not m._lock.locked()]
                 first = min((m.due for m in free), default=None)
                 if first is None or first > now:
+                    self._next = math.inf if first is None else first
                     timeout = None if first is None else first - now
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), timeout)
@@ -322,7 +331,8 @@ class Renewals:
         for m in self._calls.pop(task, ()):
             if m._lock.locked():
                 m._lock.release()
-        self._wake.set()
+            if m.alive:
+                self.wake_for(m)
 
     async def _renew(self, batch: list[Renewer]) -> None:
         """One renewal of every lease in ``batch``, retried until each one's deadline."""
