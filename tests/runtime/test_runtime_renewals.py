@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
-from tenure import MemoryPubSub, RuntimeEvent, ThreadRun, ThreadRuntime
+from tenure import BackendUnavailable, MemoryPubSub, RuntimeEvent, ThreadRun, ThreadRuntime
 from tenure.backends.redis import RedisStreamsPubSub
 from tenure.testing import eventually
 
@@ -155,3 +156,55 @@ async def test_a_hung_batch_loses_each_lease_at_its_own_deadline_before_its_ttl(
         assert threads.ended[run] < expires[run]
     # Each at its own deadline: the second outlived the first's.
     assert threads.lost[second][0] - threads.lost[first][0] > 0.2
+
+
+class FailingBatches:
+    """A backend whose ``renew_owned`` raises while ``failing`` (a connection that
+    resets on every call); notes the size of each batch it was asked to renew."""
+
+    def __init__(self, inner: MemoryPubSub) -> None:
+        self.inner = inner
+        self.failing = True
+        self.batches: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def renew_owned(self, leases: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        self.batches.append(len(leases))
+        if self.failing:
+            raise BackendUnavailable("simulated network error") from OSError("connection reset")
+        return await self.inner.renew_owned(leases, ttl_ms)
+
+
+@pytest.mark.asyncio
+async def test_a_failing_batch_is_retried_and_each_lease_lost_at_its_own_deadline() -> None:
+    """Two threads started 0.3 s apart share one renewal call, which fails every
+    time: it is retried, and each run ends at its own renew deadline (2 s after its
+    own grant), the error named; the first loss does not take the second lease."""
+    threads = _Threads()
+    async with MemoryPubSub() as memory:
+        failing = FailingBatches(memory)
+        rt = ThreadRuntime(
+            memory,
+            threads.handler,
+            lease_provider=failing,
+            ttl_ms=3000,
+            idle_timeout=3600,
+            on_event=threads.on_event,
+        )
+        async with rt:
+            await rt.send_signal("first", 1)
+            await eventually(lambda: len(threads.started) == 1)
+            await asyncio.sleep(0.3)
+            await rt.send_signal("second", 2)
+            await eventually(lambda: len(threads.ended) == 2, timeout=10)
+    assert failing.batches[0] == 2, failing.batches  # one call for both
+    assert len(failing.batches) > 2  # retried
+    (first, lost_first), (second, lost_second) = sorted(
+        threads.lost.items(), key=lambda item: item[1][0]
+    )
+    for _, reason in (lost_first, lost_second):
+        assert "renew deadline" in reason and "simulated network error" in reason
+    assert threads.started[first] < threads.started[second]
+    assert lost_second[0] - lost_first[0] > 0.1
