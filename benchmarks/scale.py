@@ -14,7 +14,10 @@ concurrent senders; each one's handler takes its first signal and then waits
   while every thread waits; commands a script runs are counted, as Redis counts
   them. Per command and per thread per second. PostgreSQL: the database's
   ``pg_stat_database.xact_commit`` and ``xact_rollback`` deltas (less the
-  reading query's own). SQLite: no server to count; the start rate and memory only.
+  reading query's own). SQLite: no server to count, so the statements the
+  backend's connections run, counted by a trace callback set on each one as it
+  is opened (``sqlite3.connect`` wrapped in this process), and its
+  transactions (``BEGIN``).
 - **Memory**: the process's RSS before the runtime started and with every
   thread live, and (``--top K``) tracemalloc's K largest allocation sites of
   the live threads.
@@ -30,7 +33,9 @@ if not __package__:  # run as a file: the repository root first (benchmarks/redi
 
 import argparse
 import asyncio
+import itertools
 import json
+import sqlite3
 import tempfile
 import time
 import tracemalloc
@@ -54,6 +59,33 @@ def rss_kb() -> int:
     return 0
 
 
+_sqlite_statements = itertools.count()
+_sqlite_begins = itertools.count()
+
+
+def _count_sqlite_statements() -> None:
+    """Every SQLite connection opened from now on counts the statements it runs."""
+    connect = sqlite3.connect
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn: sqlite3.Connection = connect(*args, **kwargs)
+
+        def seen(statement: str) -> None:
+            next(_sqlite_statements)
+            if statement.lstrip().upper().startswith("BEGIN"):
+                next(_sqlite_begins)
+
+        conn.set_trace_callback(seen)
+        return conn
+
+    sqlite3.connect = traced  # type: ignore[assignment]  # counting only, in this process
+
+
+def _peek(counter: itertools.count[int]) -> int:
+    """The count so far (taking one more, which :func:`commandstats` subtracts)."""
+    return next(counter)
+
+
 def commandstats(url: str) -> dict[str, int]:
     if url.startswith("postgresql"):
         import psycopg
@@ -66,7 +98,7 @@ def commandstats(url: str) -> dict[str, int]:
         # Counted for the next reading too: one transaction, its own.
         return {"commits": int(row[0]), "rollbacks": int(row[1])} if row else {}
     if url.startswith("sqlite"):
-        return {}
+        return {"statements": _peek(_sqlite_statements), "transactions": _peek(_sqlite_begins)}
     client = redis.Redis.from_url(url.partition("?")[0])
     try:
         stats: dict[str, Any] = client.info("commandstats")
@@ -117,7 +149,11 @@ async def measure(url: str, threads: int, window: float, ttl_ms: int, top: int) 
     deltas.pop("info", None)
     if "commits" in deltas:
         deltas["commits"] -= 1  # the first reading's own
-    total = sum(deltas.values())
+    for own in ("statements", "transactions"):  # the first reading's peek
+        if own in deltas:
+            deltas[own] -= 1
+    # SQLite's transactions are among its statements: not counted twice.
+    total = sum(v for k, v in deltas.items() if k != "transactions")
     result: dict[str, Any] = {
         "threads": threads,
         "ttl_ms": ttl_ms,
@@ -154,6 +190,7 @@ def main() -> None:
         with PgServer() as pg:
             result = run(measure(pg.url, *figures))
     elif args.backend == "sqlite":
+        _count_sqlite_statements()
         with tempfile.TemporaryDirectory() as tmp:
             result = run(measure(f"sqlite:///{tmp}/scale.db", *figures))
     else:

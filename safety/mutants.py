@@ -107,6 +107,9 @@ class Mutant:
     async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
         return [await self.renew_lease(key, owner, ttl_ms) for key in keys]
 
+    async def renew_owned(self, leases: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        return [await self.renew_lease(key, owner, ttl_ms) for key, owner in leases]
+
     async def wait_lease_released(self, key: str, timeout: float) -> bool:
         return await self.inner.wait_lease_released(key, timeout)
 

@@ -26,6 +26,10 @@ class Capability(enum.Flag):
     RECORD = enum.auto()
     #: ``renew_leases(keys, owner, ttl_ms) -> list[bool]``: many renewals in one round trip.
     RENEW_MANY = enum.auto()
+    #: ``renew_owned(leases, ttl_ms) -> list[bool]``: renewals of many ``(key, owner)``
+    #: pairs, each owner its own, in one round trip (a process renewing what its
+    #: holders hold: the thread runtime).
+    RENEW_OWNED = enum.auto()
     #: ``wait_lease_released(key, timeout) -> bool``: woken when the holder releases or transfers.
     RELEASE_WAKEUPS = enum.auto()
     #: ``transfer_lease`` is one atomic step (the key is never free in between).

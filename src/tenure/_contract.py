@@ -123,6 +123,7 @@ class Backend(LeaseProvider, Protocol):
     """What every backend built by :func:`tenure.from_url` offers.
 
     The five lease methods, ``get_lease``, ``renew_leases``,
+    ``renew_owned``,
     ``wait_lease_released``, ``scan_leases`` and ``revoke_lease``, its declared
     :class:`Capability` set, ``aclose()`` and ``async with``. The pub/sub
     methods are on :class:`EventBackend` (backends that declare
@@ -140,6 +141,10 @@ class Backend(LeaseProvider, Protocol):
 
     async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
         """Renew many of ``owner``'s leases at once; one ``bool`` per key, in order."""
+        ...
+
+    async def renew_owned(self, leases: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        """Renew many ``(key, owner)`` leases at once; one ``bool`` per pair, in order."""
         ...
 
     async def wait_lease_released(self, key: str, timeout: float) -> bool:

@@ -19,6 +19,7 @@ __all__ = [
     "check_count",
     "check_keys",
     "check_name",
+    "check_owned",
     "check_prefix",
     "check_text",
     "check_time",
@@ -135,6 +136,20 @@ def check_prefix(value: Any, arg: str = "prefix") -> str:
     if value == "" and type(value) is str:
         return ""
     return check_name(value, arg)
+
+
+def check_owned(leases: Any, arg: str = "leases") -> list[tuple[str, str]]:
+    """``leases`` as a list of valid ``(key, owner)`` pairs, else raise :class:`InvalidArgument`."""
+    if isinstance(leases, str | bytes) or not isinstance(leases, Sequence):
+        raise InvalidArgument(
+            f"{arg} must be a sequence of (key, owner) pairs, got {type(leases).__name__}"
+        )
+    pairs = []
+    for pair in leases:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise InvalidArgument(f"{arg} must hold (key, owner) pairs, got {pair!r}")
+        pairs.append((check_name(pair[0], "key"), check_name(pair[1], "owner")))
+    return pairs
 
 
 def check_keys(keys: Any, arg: str = "keys") -> list[str]:

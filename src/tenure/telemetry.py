@@ -257,6 +257,12 @@ class InstrumentedBackend(AsyncCloseable):
         )
         return result
 
+    async def renew_owned(self, leases: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        result: list[bool] = await self._call(
+            "renew_owned", None, self.inner.renew_owned(leases, ttl_ms)
+        )
+        return result
+
     async def wait_lease_released(self, key: str, timeout: float) -> bool:
         return await self.inner.wait_lease_released(key, timeout)
 

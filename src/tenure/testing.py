@@ -139,6 +139,7 @@ _BAD_EVENTS: list[tuple[Event, str, str]] = [
 _METHODS: dict[Capability, tuple[str, ...]] = {
     Capability.RECORD: ("get_lease",),
     Capability.RENEW_MANY: ("renew_leases",),
+    Capability.RENEW_OWNED: ("renew_owned",),
     Capability.RELEASE_WAKEUPS: ("wait_lease_released",),
     Capability.EVENTS: ("publish", "subscribe", "unsubscribe", "flush"),
     Capability.OPERATIONS: ("scan_leases", "revoke_lease"),
@@ -295,6 +296,34 @@ class _GrantsAndRenewals(_Contract):
     async def test_renew_of_missing_key_fails(self, lease_provider: Any, key: str) -> None:
         assert await lease_provider.renew_lease(key, "alice", self.ttl_ms) is False
         assert await lease_provider.get_lease_owner(key) is None
+
+    @pytest.mark.asyncio
+    async def test_renew_owned_decides_each_pair_on_its_own(
+        self, lease_provider: Any, key: str, advance: Advance
+    ) -> None:
+        _require(lease_provider, Capability.RENEW_OWNED)
+        a, b, c, gone, none = (f"{key}-{x}" for x in ("a", "b", "c", "gone", "none"))
+        for k, owner in ((a, "alice"), (b, "bob"), (c, "carol")):
+            assert (await lease_provider.acquire_lease(k, owner, self.ttl_ms)).acquired
+        assert (await lease_provider.acquire_lease(gone, "dave", 100)).acquired
+        await advance(self.ttl_ms // 2)
+        pairs = [(a, "alice"), (b, "bob"), (c, "mallory"), (gone, "dave"), (none, "erin")]
+        assert await lease_provider.renew_owned(pairs, self.ttl_ms) == [
+            True,
+            True,
+            False,
+            False,
+            False,
+        ]
+        await advance(self.ttl_ms * 6 // 10)  # past every first grant's deadline
+        assert await lease_provider.get_lease_owner(a) == "alice"
+        assert await lease_provider.get_lease_owner(b) == "bob"
+        assert await lease_provider.get_lease_owner(c) is None  # mallory's renewal did nothing
+        assert await lease_provider.get_lease(gone) is None  # not resurrected
+        assert await lease_provider.renew_owned([], self.ttl_ms) == []
+        for bad in ("ab", [(a,)], [(a, "")]):
+            with pytest.raises(InvalidArgument):
+                await lease_provider.renew_owned(bad, self.ttl_ms)
 
 
 class _TransfersAndTokens(_Contract):

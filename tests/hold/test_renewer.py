@@ -367,14 +367,14 @@ def test_the_renewal_task_is_named_after_the_key_and_started_once() -> None:
                 backend, "k", "a", 600_000, sent_at=0.0, every=1.0, deadline=2.0, clock=loop.time
             )
             renewer.start()
-            task = renewer._task
+            task = renewer._renewals._task
             assert task is not None and task.get_name() == "tenure-renew-'k'"
             renewer.start()  # running: nothing new
-            assert renewer._task is task
+            assert renewer._renewals._task is task
             await renewer.stop()
             renewer.lose("revoked")
             renewer.start()  # lost: never again
-            assert renewer._task is None and not renewer.running
+            assert renewer._renewals._task is None and not renewer.running
 
     run_virtual(main())
 

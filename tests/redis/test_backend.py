@@ -199,6 +199,7 @@ def test_declared_capabilities() -> None:
     assert RedisStreamsPubSub.capabilities == (
         C.RECORD
         | C.RENEW_MANY
+        | C.RENEW_OWNED
         | C.RELEASE_WAKEUPS
         | C.ATOMIC_TRANSFER
         | C.OPERATIONS
@@ -250,6 +251,38 @@ async def test_renew_leases_keeps_ten_thousand_keys(
     assert await backend.renew_leases([], "owner", 60_000) == []
     with pytest.raises(InvalidArgument, match="key"):
         await backend.renew_leases(["ok", ""], "owner", 60_000)
+
+
+@pytest.mark.asyncio
+async def test_renew_owned_is_one_script_per_five_hundred_leases_on_one_server() -> None:
+    """Each lease with its own owner, 1,200 of them: three script calls (counted
+    by the private server), and every pair decided on its own, in every chunk."""
+    with RedisServer(persistence=True) as server:
+        backend = RedisStreamsPubSub.from_url(server.url)
+        try:
+            pairs = [(f"k{i}", f"owner-{i}") for i in range(1200)]
+            for start in range(0, len(pairs), 400):
+                chunk = pairs[start : start + 400]
+                granted = await asyncio.gather(
+                    *(backend.acquire_lease(k, o, 60_000) for k, o in chunk)
+                )
+                assert all(g.acquired for g in granted)
+            await backend.release_lease("k700", "owner-700")
+            asked = [*pairs[:1100], ("k1100", "intruder"), *pairs[1101:]]
+
+            def evalsha_calls() -> int:
+                with server.client() as admin:
+                    stats: dict[str, Any] = admin.info("commandstats")
+                return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+            before = evalsha_calls()
+            renewed = await backend.renew_owned(asked, 60_000)
+            assert evalsha_calls() - before == 3
+            assert [i for i, ok in enumerate(renewed) if not ok] == [700, 1100]
+            record = await backend.get_lease("k1100")
+            assert record is not None and record.owner == "owner-1100"  # not the intruder's
+        finally:
+            await backend.aclose()
 
 
 # -- waiting for a release ----------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 from tenure import Capability, capabilities_of
 from tenure.backends.sqlite import SqlitePubSub
-from tenure.backends.sqlite._connection import create_schema, in_list, load_sql
+from tenure.backends.sqlite._connection import create_schema, in_list, in_rows, load_sql
 
 PACKAGE = "tenure.backends.sqlite"
 SQL_NAMES = sorted(
@@ -50,6 +50,10 @@ def test_no_sql_statement_is_left_inline() -> None:
 SCHEMAS = [n for n in SQL_NAMES if n.startswith("schema") or n.endswith("_schema")]
 
 
+# The columns of each row a ``{rows}`` marker stands for.
+ROW_WIDTHS = {"lease_renew_owned": 2, "claim_extend": 3}
+
+
 @pytest.mark.parametrize("name", [n for n in SQL_NAMES if n not in SCHEMAS])
 def test_each_statement_prepares_against_the_schema(tmp_path: Path, name: str) -> None:
     conn = sqlite3.connect(tmp_path / "schema.db", isolation_level=None)
@@ -59,6 +63,7 @@ def test_each_statement_prepares_against_the_schema(tmp_path: Path, name: str) -
         sql = load_sql(name)
         if "{keys}" in sql:
             sql = in_list(sql, 3)
+        sql = in_rows(sql, 3, ROW_WIDTHS.get(name, 1))
         assert "{" not in sql
         # EXPLAIN prepares the statement (names, columns, one statement only) without running it.
         numbered = [int(n) for n in re.findall(r"\?(\d+)", sql)]
@@ -77,6 +82,7 @@ def test_the_backend_declares_its_capabilities(tmp_path: Path) -> None:
     assert capabilities_of(backend) == (
         Capability.RECORD
         | Capability.RENEW_MANY
+        | Capability.RENEW_OWNED
         | Capability.RELEASE_WAKEUPS
         | Capability.ATOMIC_TRANSFER
         | Capability.OPERATIONS

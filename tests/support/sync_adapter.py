@@ -53,6 +53,9 @@ class AsyncOverSync:
     async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
         return await asyncio.to_thread(self.sync.renew_leases, keys, owner, ttl_ms)
 
+    async def renew_owned(self, leases: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        return await asyncio.to_thread(self.sync.renew_owned, leases, ttl_ms)
+
     async def wait_lease_released(self, key: str, timeout: float) -> bool:
         return await asyncio.to_thread(self.sync.wait_lease_released, key, timeout)
 

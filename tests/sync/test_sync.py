@@ -51,6 +51,7 @@ def test_the_lease_methods_block_and_return_what_the_async_ones_return(
     assert backend.get_lease_owner("k") == "alice"
     assert backend.renew_lease("k", "alice", 10_000) is True
     assert backend.renew_leases(["k", "other"], "alice", 10_000) == [True, False]
+    assert backend.renew_owned([("k", "alice"), ("k", "bob")], 10_000) == [True, False]
     assert backend.transfer_lease("k", "alice", "bob", 10_000) is True
     record = backend.get_lease("k")
     assert record is not None and record.owner == "bob" and record.token > granted.token

@@ -13,14 +13,15 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 import os
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, ClassVar
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any, ClassVar, cast
 
 from .. import telemetry
-from .._contract import Capability, LeaseRecord
+from .._contract import Capability, LeaseProvider, LeaseRecord
 from .._errors import BackendClosed, InvalidArgument
 from .._lifecycle import AsyncCloseable
 from .._validate import (
@@ -29,6 +30,7 @@ from .._validate import (
     check_count,
     check_keys,
     check_name,
+    check_owned,
     check_prefix,
     check_timeout,
     check_ttl,
@@ -50,7 +52,7 @@ __all__ = [
 
 #: What each of tenure's own lease backends declares for its leases: every lease
 #: extension, and the operator methods.
-LEASE_CAPABILITIES = Capability.LEASES | Capability.OPERATIONS
+LEASE_CAPABILITIES = Capability.LEASES | Capability.OPERATIONS | Capability.RENEW_OWNED
 #: How many leases a scan reads at a time.
 PAGE = 500
 # Above every stored key: keys are UTF-8 (never a 0xFF byte) of at most 1024 bytes.
@@ -178,6 +180,40 @@ class LeaseCore(AsyncCloseable, abc.ABC):
         ttl = self._check_ttl(ttl_ms)
         self._check_open()
         return key_list, ttl
+
+    def _args_owned(self, leases: Any, ttl_ms: Any) -> tuple[list[tuple[str, str]], int]:
+        pairs = check_owned(leases)
+        ttl = self._check_ttl(ttl_ms)
+        self._check_open()
+        return pairs, ttl
+
+    async def renew_owned(self, leases: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        """Renew each ``(key, owner)`` lease to a fresh ``ttl_ms``; one ``bool`` per pair, in order.
+
+        Each renewal is decided on its own (``True`` only if that owner still
+        held that key); a lost lease is never resurrected. If the backend
+        fails, the outcome of each is unknown, as for ``renew_lease``.
+        """
+        pairs, ttl = self._args_owned(leases, ttl_ms)
+        if not pairs:
+            return []
+        return await self._renew_owned(pairs, ttl)
+
+    async def _renew_owned(self, pairs: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        """:meth:`renew_owned` with its arguments checked: concurrent ``renew_lease``
+        calls, at most 64 at once (a backend that can do better in one step overrides it)."""
+        renew = cast(LeaseProvider, self).renew_lease  # every backend's own
+        results = [False] * len(pairs)
+        indexes = iter(range(len(pairs)))
+
+        async def worker() -> None:
+            # Workers share one iterator, so at most 64 calls are in flight.
+            for i in indexes:
+                key, owner = pairs[i]
+                results[i] = await renew(key, owner, ttl_ms)
+
+        await asyncio.gather(*(worker() for _ in range(min(64, len(pairs)))))
+        return results
 
     # -- reads ---------------------------------------------------------------
 

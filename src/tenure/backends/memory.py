@@ -435,10 +435,16 @@ class MemoryPubSub(LeaseCore, _Events, PubSub):
     async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
         """Renew many of ``owner``'s leases at once; one ``bool`` per key, in order."""
         key_list, ttl = self._args_batch(keys, owner, ttl_ms)
+        return self._renew_pairs([(key, owner) for key in key_list], ttl)
+
+    async def _renew_owned(self, pairs: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        return self._renew_pairs(pairs, ttl_ms)
+
+    def _renew_pairs(self, pairs: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
         now = self._clock()
-        deadline = now + ttl / 1000
+        deadline = now + ttl_ms / 1000
         results = []
-        for key in key_list:
+        for key, owner in pairs:
             lease = self._held_by(key, owner, now)
             if lease is not None:
                 lease[_DEADLINE] = deadline

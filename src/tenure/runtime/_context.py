@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .._contract import LeaseProvider
 from .._errors import InvalidArgument
 from .._pubsub import Callback
-from .._renewer import renew_timing
+from .._renewer import Renewals, renew_timing
 from .._validate import check_name, check_timeout, check_ttl
 from ._log import RuntimeLog
 from ._names import ThreadNames
@@ -96,6 +96,8 @@ class SessionContext:
     ``fenced``: the log takes signals only under the thread's lease
     (``Capability.FENCED_TAKES`` on a log that keeps the leases too);
     ``records``: the provider reads a lease's token (``Capability.RECORD``).
+    ``renewals``: the one loop that renews every thread lease of the process,
+    together (see :class:`~tenure._renewer.Renewals`).
     ``unsubscribe`` unsubscribes within ``unsubscribe_timeout`` (going on in the
     background after it); ``ended(thread_key, sid, look_again)`` is told when
     a session has ended (``look_again``: signals may be left for a sweep).
@@ -109,6 +111,7 @@ class SessionContext:
     rule: SendRule
     fenced: bool
     records: bool
+    renewals: Renewals
     emit: Emit
     unsubscribe: Callable[[str, Callback], Awaitable[None]]
     ended: Callable[[str, str, bool], None]

@@ -24,7 +24,9 @@ class ThreadLease:
 
     It is kept by the same :class:`~tenure._renewer.Renewer` as
     :func:`tenure.hold`'s: one view of when it counts as lost (per-call time
-    limit, deadline from the send). ``on_lost(reason)`` is called when it is.
+    limit, deadline from the send). Its renewals go with those of every other
+    thread lease of the process, in one call per renew interval
+    (``ctx.renewals``). ``on_lost(reason)`` is called when it is lost.
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class ThreadLease:
             every=settings.renew_every,
             deadline=settings.renew_deadline,
             on_lost=self._lose,
+            renewals=ctx.renewals,
         )
         self.lost = self.renewer.lost
         self.lost_reason = ""

@@ -13,6 +13,7 @@ from typing import cast
 from .._contract import Capability, LeaseProvider, RefusalReason, capabilities_of
 from .._errors import BackendClosed, TenureError
 from .._pubsub import Callback
+from .._renewer import Renewals
 from ._context import SessionContext, Settings
 from ._identity import Holder, run_of
 from ._log import RuntimeLog
@@ -61,6 +62,7 @@ class Sessions:
             fenced=cast(object, log) is provider
             and Capability.FENCED_TAKES in capabilities_of(log),
             records=Capability.RECORD in capabilities,
+            renewals=Renewals(provider, settings.ttl_ms),
             emit=emit,
             unsubscribe=self._unsubscribe,
             ended=self._ended,
@@ -210,3 +212,4 @@ class Sessions:
             task.cancel()
         if rest:
             await asyncio.wait(rest, timeout=self.ctx.settings.unsubscribe_timeout)
+        await self.ctx.renewals.aclose()

@@ -28,7 +28,9 @@ SyncCallback = Callable[[Event], Any]
 # else a backend declares has no blocking twin here, so it is not declared.
 logger = logging.getLogger("tenure.sync")
 
-_SUPPORTED = Capability.LEASES | Capability.RUNTIME_LOG | Capability.OPERATIONS
+_SUPPORTED = (
+    Capability.LEASES | Capability.RENEW_OWNED | Capability.RUNTIME_LOG | Capability.OPERATIONS
+)
 
 
 class SyncBackend(Closeable):
@@ -117,6 +119,9 @@ class SyncBackend(Closeable):
 
     def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
         return call((self._inner or self._build()).renew_leases, keys, owner, ttl_ms)
+
+    def renew_owned(self, leases: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        return call((self._inner or self._build()).renew_owned, leases, ttl_ms)
 
     def wait_lease_released(self, key: str, timeout: float) -> bool:
         return call((self._inner or self._build()).wait_lease_released, key, timeout)

@@ -87,6 +87,7 @@ class _Statements(Statements):
     release: str
     renew: str
     renew_many: str
+    renew_owned: str
     transfer: str
     waiter_register: str
     scan: str
@@ -388,6 +389,30 @@ class PostgresLeaseProvider(LeaseCore):
         )
         renewed = {bytes(key) for (key,) in rows}
         return [key in renewed for key in encoded]
+
+    async def _renew_owned(self, pairs: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        """Every pair's renewal in one statement (``sql/renew_owned.sql``).
+
+        A key given twice is renewed by the pair whose owner holds it, if any.
+        """
+        encoded = [(key.encode(), owner.encode()) for key, owner in pairs]
+        unique = sorted(set(encoded))
+        if len({key for key, _ in unique}) != len(unique):
+            # One key under two owners: at most one holds it; each pair on its own.
+            return await super()._renew_owned(pairs, ttl_ms)
+        rows = await self._conn.execute(
+            "renew_owned",
+            self._q.renew_owned,
+            {
+                "keys": [key for key, _ in unique],
+                "owners": [owner for _, owner in unique],
+                "ttl_ms": ttl_ms,
+            },
+            retry=True,
+            definite=lambda rows: len(rows) == len(unique),
+        )
+        renewed = {bytes(key) for (key,) in rows}
+        return [key in renewed for key, _ in encoded]
 
     # -- waiting -----------------------------------------------------------------
 

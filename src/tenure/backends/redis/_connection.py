@@ -185,26 +185,41 @@ class RedisConnection:
         The scripts that got ``NOSCRIPT`` (and therefore did not run) are
         re-sent once as ``EVAL``.
         """
+        return await self.eval_each(script, keys, [args] * len(keys))
+
+    async def eval_each(
+        self,
+        script: Script,
+        keys: Sequence[bytes],
+        args: Sequence[Sequence[bytes | int]],
+    ) -> list[Any]:
+        """:meth:`eval_per_key` with each key's own ``args`` (``args[i]`` for ``keys[i]``)."""
         if not self.ready:
             await self.prepare()
         results: list[Any] = [None] * len(keys)
         todo = list(range(len(keys)))
         command, body = "EVALSHA", script.sha.encode()
+        tails: dict[int, bytes] = {}
         with self.driver_errors:
             for _ in range(2):
                 if self.pipe is not None:
-                    # Every command differs only in its key: pack the rest once.
-                    tail = pack(args)
-                    tail = tail[tail.index(b"\n") + 1 :]  # without its "*<n>\r\n"
-                    head = b"*%d\r\n" % (4 + len(args)) + pack((command, body, 1))[4:]
-                    packed = [
-                        b"%b$%d\r\n%b\r\n%b" % (head, len(keys[i]), keys[i], tail) for i in todo
-                    ]
+                    head = pack((command, body, 1))[4:]
+                    packed = []
+                    for i in todo:
+                        # Commands that share their args share one packing of them.
+                        tail = tails.get(id(args[i]))
+                        if tail is None:
+                            tail = pack(args[i])
+                            tail = tails[id(args[i])] = tail[tail.index(b"\n") + 1 :]
+                        packed.append(
+                            b"*%d\r\n%b$%d\r\n%b\r\n%b"
+                            % (4 + len(args[i]), head, len(keys[i]), keys[i], tail)
+                        )
                     replies = await self.pipe.execute_many(packed)
                 else:
                     async with self.slots, self.client.pipeline(transaction=False) as pipe:
                         for i in todo:
-                            pipe.execute_command(command, body, 1, keys[i], *args)
+                            pipe.execute_command(command, body, 1, keys[i], *args[i])
                         replies = await pipe.execute(raise_on_error=False)
                 missing = []
                 for i, reply in zip(todo, replies, strict=True):
@@ -218,6 +233,7 @@ class RedisConnection:
                     break
                 # Those got NOSCRIPT, so they did not run: sending the body is safe.
                 todo, command, body = missing, "EVAL", script.body
+                tails.clear()
         return results
 
     async def io(

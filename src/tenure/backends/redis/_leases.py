@@ -7,6 +7,7 @@ server's clock.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Sequence
@@ -34,6 +35,9 @@ _RELEASED_CHANNEL = b"lease-released"
 
 _ACQUIRE = load_script("acquire")
 _RENEW = load_script("renew")
+_RENEW_MANY = load_script("renew_many")
+# Leases per renew_many script: the server runs nothing else meanwhile.
+_RENEW_CHUNK = 500
 _RELEASE = load_script("release")
 _TRANSFER = load_script("transfer")
 _GET = load_script("get")
@@ -220,6 +224,31 @@ class RedisLeases(RedisFields, LeaseCore):
         renewed = [bool(r) for r in replies]
         if self._min_replicas and any(renewed):
             await self._replicated(key_list[0], "batch renewal", None)
+        return renewed
+
+    async def _renew_owned(self, pairs: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        """Every pair's renewal in one round trip: on a single server, one script
+        (``lua/renew_many.lua``) per ``_RENEW_CHUNK`` leases; on a cluster, whose
+        keys live in different slots, one renew script per lease, all written at once.
+        Each renewal is atomic on its own, decided as ``renew_lease`` decides it.
+        """
+        leases = [self._lease_key(key)[0] for key, _ in pairs]
+        if self._conn.cluster:
+            args = [(owner.encode("utf-8"), ttl_ms) for _, owner in pairs]
+            replies = await self._conn.eval_each(_RENEW, leases, args)
+        else:
+            chunks = [
+                self._eval(
+                    _RENEW_MANY,
+                    leases[start : start + _RENEW_CHUNK],
+                    (ttl_ms, *(o.encode("utf-8") for _, o in pairs[start : start + _RENEW_CHUNK])),
+                )
+                for start in range(0, len(pairs), _RENEW_CHUNK)
+            ]
+            replies = [r for chunk in await asyncio.gather(*chunks) for r in chunk]
+        renewed = [bool(r) for r in replies]
+        if self._min_replicas and any(renewed):
+            await self._replicated(pairs[0][0], "batch renewal", None)
         return renewed
 
     async def diagnose(self) -> list[Finding]:

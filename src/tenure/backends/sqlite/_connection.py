@@ -37,6 +37,7 @@ __all__ = [
     "Worker",
     "create_schema",
     "in_list",
+    "in_rows",
     "load_sql",
     "write",
 ]
@@ -65,6 +66,13 @@ def load_sql(name: str) -> str:
 def in_list(template: str, count: int) -> str:
     """``template`` with its ``{keys}`` marker replaced by ``count`` placeholders."""
     return template.replace(_KEYS_MARKER, ",".join("?" * count))
+
+
+def in_rows(template: str, count: int, width: int) -> str:
+    """``template`` with its ``{rows}`` marker replaced by ``count`` rows of ``width``
+    placeholders (``(?,?),(?,?)`` for a ``VALUES`` list)."""
+    row = "(" + ",".join("?" * width) + ")"
+    return template.replace("{rows}", ",".join([row] * count))
 
 
 def statements(script: str) -> list[str]:

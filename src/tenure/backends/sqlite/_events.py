@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..._errors import BackendUnavailable
 from ..._pubsub import Event
 from .._claimed import ClaimedEvents, ClaimGroup, Outcome
-from ._connection import Connected, Options, load_sql, write
+from ._connection import CHUNK, Connected, Options, in_list, in_rows, load_sql, write
 from ._wake import PUBLISHED
 
 __all__ = ["EventLog", "SqliteEvents"]
@@ -45,6 +45,7 @@ _PRUNE_DEAD_GROUPS = load_sql("group_prune_dead")
 _SKIP_PRUNED = load_sql("group_skip_pruned")
 _BACKLOG = load_sql("group_backlog")
 _ANY_DUE_CLAIM = load_sql("claim_any_due")
+_IDLE_GROUPS = load_sql("group_idle_many")
 _DUE_CLAIMS = load_sql("claim_due")
 _TAKE_CLAIM = load_sql("claim_take")
 _SELECT_LEASE = load_sql("lease_select")
@@ -276,11 +277,21 @@ class EventLog:
         with write(conn):
             self._write_acks(conn, acks, len(acks))
             visible = now + self.opts.visibility_timeout
-            for gid, event_id, attempt in held:
-                row = (visible, gid, event_id, self.consumer, attempt)
-                if not conn.execute(_EXTEND_CLAIM, row).rowcount:
-                    lost.append((gid, event_id, attempt))
-            conn.executemany(_GROUP_ALIVE, [(now + self.alive_for, g) for g in gids])
+            extended: set[tuple[int, int, int]] = set()
+            step = CHUNK // 3  # three parameters per claim
+            for start in range(0, len(held), step):
+                chunk = held[start : start + step]
+                rows = conn.execute(
+                    in_rows(_EXTEND_CLAIM, len(chunk), 3),
+                    (visible, self.consumer, *(x for claim in chunk for x in claim)),
+                )
+                extended.update((g, e, a) for g, e, a in rows)
+            lost = [claim for claim in held if claim not in extended]
+            for start in range(0, len(gids), CHUNK):
+                chunk_ids = gids[start : start + CHUNK]
+                conn.execute(
+                    in_list(_GROUP_ALIVE, len(chunk_ids)), (now + self.alive_for, *chunk_ids)
+                )
             if prune:
                 self.prune(conn, now)
         return lost
@@ -327,6 +338,21 @@ class EventLog:
         tops = {t: conn.execute(_TOPIC_TOP, (t,)).fetchone()[0] for t in topics}
         conn.execute("COMMIT")
         return tops
+
+    def idle_groups(self, conn: sqlite3.Connection, gids: list[int]) -> set[int]:
+        """The groups among ``gids`` with nothing to fetch (see ``group_idle_many.sql``),
+        in one snapshot: one statement per ``CHUNK`` groups, however many there are."""
+        now = time.time()
+        idle: set[int] = set()
+        conn.execute("BEGIN")
+        try:
+            for start in range(0, len(gids), CHUNK):
+                chunk = gids[start : start + CHUNK]
+                rows = conn.execute(in_list(_IDLE_GROUPS, len(chunk)), (now, *chunk))
+                idle.update(gid for (gid,) in rows)
+        finally:
+            conn.execute("COMMIT")
+        return idle
 
     def last_event(self, conn: sqlite3.Connection) -> int:
         value: int = conn.execute(_LAST_EVENT).fetchone()[0]
@@ -512,8 +538,15 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
         while self._topics:
             await asyncio.sleep(tick)
             groups = self._groups()
+            # One look for every group, not one per group: an idle subscriber
+            # costs nothing of its own between changes.
+            try:
+                idle = await self._run(self._log.idle_groups, [g.gid for g in groups])
+            except BackendUnavailable:
+                idle = set()  # every group looks, and reports what fails
             for group in groups:
-                group.wake.set()
+                if group.gid not in idle:
+                    group.wake.set()
             now = time.monotonic()
             if now >= next_heartbeat or now >= next_prune:
                 next_heartbeat = now + vt / 3

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Sequence
 
 from ..._contract import AcquireResult, LeaseRecord, RefusalReason
 from .._core import EXTEND, GRANT, PAGE, REFUSE, LeaseCore, acquire_step, holds, prefix_range
-from ._connection import CHUNK, Connected, in_list, load_sql
+from ._connection import CHUNK, Connected, in_list, in_rows, load_sql
 from ._wake import FREED, TRANSFERRED
 
 __all__ = ["SqliteLeases"]
@@ -25,6 +25,7 @@ _INSERT_LEASE = load_sql("lease_insert")
 _EXTEND_LEASE = load_sql("lease_extend")
 _RENEW_LEASE = load_sql("lease_renew")
 _RENEW_MANY = load_sql("lease_renew_many")
+_RENEW_OWNED = load_sql("lease_renew_owned")
 _RELEASE_LEASE = load_sql("lease_release")
 _TRANSFER_LEASE = load_sql("lease_transfer")
 _SWEEP_LEASES = load_sql("lease_sweep")
@@ -144,6 +145,23 @@ class SqliteLeases(LeaseCore, Connected):
                 renewed.update(r[0] for r in rows)
         return renewed
 
+    def _renew_owned_job(
+        self, conn: sqlite3.Connection, pairs: list[tuple[bytes, bytes]], ttl_ms: int
+    ) -> list[bool]:
+        renewed: set[tuple[bytes, bytes]] = set()
+        step = CHUNK // 2  # two parameters per pair
+        with self._write(conn):
+            now = self._clock()
+            deadline = now + ttl_ms / 1000
+            for start in range(0, len(pairs), step):
+                chunk = pairs[start : start + step]
+                rows = conn.execute(
+                    in_rows(_RENEW_OWNED, len(chunk), 2),
+                    (deadline, now, *(x for pair in chunk for x in pair)),
+                )
+                renewed.update((bytes(key), bytes(owner)) for key, owner in rows)
+        return [pair in renewed for pair in pairs]
+
     def _scan_job(
         self, conn: sqlite3.Connection, low: bytes, high: bytes
     ) -> list[tuple[bytes, bytes, int, float]]:
@@ -225,6 +243,11 @@ class SqliteLeases(LeaseCore, Connected):
             return []
         renewed = await self._run(self._renew_many_job, encoded, owner.encode(), ttl)
         return [k in renewed for k in encoded]
+
+    async def _renew_owned(self, pairs: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        """Every pair's renewal in one write transaction (``lease_renew_owned.sql``)."""
+        encoded = [(key.encode(), owner.encode()) for key, owner in pairs]
+        return await self._run(self._renew_owned_job, encoded, ttl_ms)
 
     async def _scan(self, prefix: str) -> AsyncGenerator[list[tuple[str, LeaseRecord]], None]:
         low, high = prefix_range(prefix.encode())

@@ -1,2 +1,3 @@
--- Heartbeat of a group this instance uses. Parameters: alive_until, group id.
-UPDATE tenure_groups SET alive_until = ? WHERE id = ?
+-- Heartbeat of the groups this instance uses. {keys} is replaced by one ? per
+-- group id. Parameters: alive_until, group ids.
+UPDATE tenure_groups SET alive_until = ? WHERE id IN ({keys})
