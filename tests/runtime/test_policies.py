@@ -260,49 +260,65 @@ async def test_a_late_request_never_affects_a_newer_signal(tmp_path: Path, polic
         assert rolled == []
 
 
+class HeldOnStart:
+    """A handler that records every signal it takes and holds on ``"start"`` until
+    ``go`` is set; ``events`` collects the runtime's events."""
+
+    def __init__(self) -> None:
+        self.taken: list[Signal] = []
+        self.go = asyncio.Event()
+        self.events: list[RuntimeEvent] = []
+
+    async def __call__(self, run: ThreadRun) -> None:
+        async for signal in run.signals():
+            self.taken.append(signal)
+            if signal.payload == "start":
+                await self.go.wait()
+
+    def payloads(self) -> list[Any]:
+        return [s.payload for s in self.taken]
+
+
+async def stored_elsewhere(
+    log: Any, rt: ThreadRuntime, payload: str, policy: str, stamped: float | None = None
+) -> Event:
+    """A signal stored by a sender in another process (``stamped``: its send time)."""
+    data = {"thread": "t", "payload": payload, "policy": policy}
+    stored: Event = await log.publish(rt.topic("t"), Event(SIGNAL_TYPE, data, created_at=stamped))
+    return stored
+
+
+async def requested_elsewhere(log: Any, rt: ThreadRuntime, signal_id: str, sent_at: float) -> None:
+    """The request a coalescing sender in another process publishes after its signal."""
+    data = {"signal": signal_id, "sent_at": sent_at, "policy": "coalesce"}
+    await log.publish(rt.names.control("t"), Event(INTERRUPT, data))
+
+
 @pytest.mark.asyncio
 async def test_coalesce_follows_the_log_not_the_senders_clocks(tmp_path: Path) -> None:
     # Two senders elsewhere: X is stored first but stamped 5 s later than Y (a
     # sender's clock ahead, or a stamp taken before a slow insert). The owner
     # learns of both while busy. The last in the log (Y) runs, with X carried
     # into it: one further run, never X alone and then Y.
-    taken: list[Signal] = []
-    go = asyncio.Event()
-    events: list[RuntimeEvent] = []
-
-    async def handler(run: ThreadRun) -> None:
-        async for signal in run.signals():
-            taken.append(signal)
-            if signal.payload == "start":
-                await go.wait()
-
+    handler = HeldOnStart()
     async with (
         from_url(f"sqlite:///{tmp_path / 'tenure.db'}") as sqlite,
-        ThreadRuntime(sqlite, handler, idle_timeout=10, on_event=events.append) as rt,
+        ThreadRuntime(sqlite, handler, idle_timeout=10, on_event=handler.events.append) as rt,
     ):
-        log: Any = sqlite
         await rt.send_signal("t", "start")
-        await eventually(lambda: [s.payload for s in taken] == ["start"])
+        await eventually(lambda: handler.payloads() == ["start"])
         now = time.time()
-
-        async def sent_elsewhere(payload: str, stamped: float) -> Event:
-            data = {"thread": "t", "payload": payload, "policy": "coalesce"}
-            event = Event(SIGNAL_TYPE, data, created_at=stamped)
-            stored: Event = await log.publish(rt.topic("t"), event)
-            return stored
-
-        x = await sent_elsewhere("X", now + 5)
-        y = await sent_elsewhere("Y", now)
+        x = await stored_elsewhere(sqlite, rt, "X", "coalesce", stamped=now + 5)
+        y = await stored_elsewhere(sqlite, rt, "Y", "coalesce", stamped=now)
         for signal in (y, x):  # the requests, in either order
-            data = {"signal": signal.id, "sent_at": signal.created_at, "policy": "coalesce"}
-            await log.publish(rt.names.control("t"), Event(INTERRUPT, data))
-        await eventually(lambda: len(of_kind(events, "coalescing")) == 2)
-        go.set()
-        await eventually(lambda: len(taken) == 2)
+            await requested_elsewhere(sqlite, rt, signal.id or "", signal.created_at or 0.0)
+        await eventually(lambda: len(of_kind(handler.events, "coalescing")) == 2)
+        handler.go.set()
+        await eventually(lambda: len(handler.taken) == 2)
         await asyncio.sleep(0.3)  # nothing else runs
-    assert [s.payload for s in taken] == ["start", "Y"]
-    assert [s.payload for s in taken[1].coalesced] == ["X"]
-    assert [(e.signal_id, e.detail) for e in of_kind(events, "coalesced")] == [
+    assert handler.payloads() == ["start", "Y"]
+    assert [s.payload for s in handler.taken[1].coalesced] == ["X"]
+    assert [(e.signal_id, e.detail) for e in of_kind(handler.events, "coalesced")] == [
         (x.id, f"into {y.id}")
     ]
 
@@ -314,31 +330,19 @@ async def test_a_coalescing_signal_that_never_comes_does_not_hold_the_others(
     # The owner learns of a coalescing signal that another owner had taken (it
     # never reaches this one). The signals read meanwhile are carried while the
     # owner waits for it, then run: the newest with the others.
-    taken: list[Signal] = []
-    go = asyncio.Event()
-    events: list[RuntimeEvent] = []
-
-    async def handler(run: ThreadRun) -> None:
-        async for signal in run.signals():
-            taken.append(signal)
-            if signal.payload == "start":
-                await go.wait()
-
+    handler = HeldOnStart()
     async with (
         from_url(f"sqlite:///{tmp_path / 'tenure.db'}") as sqlite,
-        ThreadRuntime(sqlite, handler, idle_timeout=0.5, on_event=events.append) as rt,
+        ThreadRuntime(sqlite, handler, idle_timeout=0.5, on_event=handler.events.append) as rt,
     ):
-        log: Any = sqlite
         await rt.send_signal("t", "start")
-        await eventually(lambda: [s.payload for s in taken] == ["start"])
-        gone = {"signal": "taken-elsewhere", "sent_at": time.time(), "policy": "coalesce"}
-        await log.publish(rt.names.control("t"), Event(INTERRUPT, gone))
+        await eventually(lambda: handler.payloads() == ["start"])
+        await requested_elsewhere(sqlite, rt, "taken-elsewhere", time.time())
         for payload in ("A", "B"):
-            data = {"thread": "t", "payload": payload, "policy": "enqueue"}
-            await log.publish(rt.topic("t"), Event(SIGNAL_TYPE, data))
-        await eventually(lambda: len(of_kind(events, "coalescing")) == 1)
-        go.set()
-        await eventually(lambda: len(taken) == 2, timeout=10)
+            await stored_elsewhere(sqlite, rt, payload, "enqueue")
+        await eventually(lambda: len(of_kind(handler.events, "coalescing")) == 1)
+        handler.go.set()
+        await eventually(lambda: len(handler.taken) == 2, timeout=10)
         await eventually(lambda: not rt.owned_threads(), timeout=10)
-    assert [s.payload for s in taken] == ["start", "B"]
-    assert [s.payload for s in taken[1].coalesced] == ["A"]
+    assert handler.payloads() == ["start", "B"]
+    assert [s.payload for s in handler.taken[1].coalesced] == ["A"]
