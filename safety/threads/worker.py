@@ -114,6 +114,7 @@ class Worker:
 
     async def start(self) -> None:
         import tenure
+        from tenure.runtime import Retention
 
         self.backend = tenure.from_url(self.cfg.url)
         controls.apply_to_backend(self.cfg.control, self.backend)
@@ -124,7 +125,8 @@ class Worker:
                 ttl_ms=self.cfg.ttl_ms,
                 process_id=f"{self.cfg.name}.{i}",
                 namespace=ns,
-                output=self.cfg.output,
+                # Every item kept for the run's check (the default keeps 10,000).
+                output=Retention(max_items=10_000_000) if self.cfg.output else False,
             )
             await rt.start()
             self.runtimes[ns] = rt
