@@ -366,7 +366,14 @@ class Renewals:
                     call.cancel()
                     await asyncio.gather(call, return_exceptions=True)
             if call.cancelled():
-                return  # every lease in it was lost meanwhile
+                # Every lease in it was lost (at its deadline) or let go meanwhile:
+                # for the lost ones, a renewal that did not return in time.
+                hung = sum(1 for m in pending if m.lost.is_set())
+                if hung:
+                    telemetry.count(
+                        "tenure.lease.renew.failures", {"tenure.error": "TimeoutError"}, amount=hung
+                    )
+                return
             exc = call.exception()
             if isinstance(exc, BackendClosed):
                 for m in pending:

@@ -263,8 +263,16 @@ def test_negative_control_is_caught(control: str, tmp_path: Path) -> None:
     assert res.violations >= 1, (
         f"control {control} went unnoticed in {seed - 4} runs: {res.figure_line()}"
     )
-    expected = {"never-lose": "overlaps", "no-reclaim": "lost", "collide": "misrouted"}[control]
-    assert res.report.counts()[expected] >= 1, res.figure_line()
+    expected = {
+        # A run that never learns of its loss writes what it holds after its
+        # successor (overlaps); since a fenced take hands a run one signal at a
+        # time, that is at most one write per stale run, and the process keeping
+        # its threads' sessions (never handed back) shows as signals lost as often.
+        "never-lose": ("overlaps", "lost"),
+        "no-reclaim": ("lost",),
+        "collide": ("misrouted",),
+    }[control]
+    assert any(res.report.counts()[kind] >= 1 for kind in expected), res.figure_line()
 
 
 @pytest.mark.timeout(120)
