@@ -84,6 +84,15 @@ def isolated_url(kind: str, *, unique: str, tmp_path: Path) -> str:
     return TARGETS[kind].isolated_url(unique, tmp_path)
 
 
+@pytest.fixture
+def isolated_redis_url(redis_url: str, unique: str, tmp_path: Path) -> Iterator[str]:
+    """A Redis URL that shares no state with any other test; its keys go afterwards."""
+    target = TARGETS["redis"]
+    yield target.isolated_url(unique, tmp_path)
+    if target.cleanup is not None:
+        target.cleanup(unique)
+
+
 @pytest.fixture(params=[name for name in BACKENDS if name != "memory"])
 def shared_url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
     """One isolated URL per backend that processes can share (every one but memory://)."""

@@ -350,6 +350,9 @@ async def test_health_lists_the_telemetry_of_the_dashboard_with_telemetry(
         with Dashboard(sqlite_url) as dashboard:
             _, health = await asyncio.to_thread(Client(dashboard.base).get, "/health")
             assert 'id="no-telemetry"' in health and "data-metric" not in health
+            # Said once, in the page; its title is only the page's name.
+            assert health.count('id="no-telemetry"') == 1
+            assert "<title>Health · tenure dashboard</title>" in health
         with Dashboard(sqlite_url, "--telemetry") as dashboard:
             client = Client(dashboard.base)
             _, confirm = await asyncio.to_thread(client.get, f"/revoke?k=k&token={token}")

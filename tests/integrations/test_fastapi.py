@@ -12,78 +12,37 @@ import http.client
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.example_process import ExampleProcess
+from tests.support.uvicorn_service import UvicornService
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 THREADS = [("C1", "1700000000.000100"), ("C1", "1700000000.000200"), ("C2", "1.5"), ("C3", "9")]
 MESSAGES = 12
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Server(ExampleProcess):
     def __init__(self, redis_url: str, prefix: str) -> None:
         super().__init__(redis_url, prefix)
-        self.port = free_port()
         env = {
-            **os.environ,
             "TENURE_URL": redis_url,
             "TENURE_EXAMPLE_LOG_URL": redis_url,
             "TENURE_EXAMPLE_PREFIX": prefix,
             "TENURE_EXAMPLE_TTL_MS": "2000",
             "TENURE_EXAMPLE_WORK": "0.05",
         }
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "--app-dir",
-                str(EXAMPLES),
-                "fastapi_threads:app",
-                "--workers",
-                "3",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            assert self.proc.poll() is None, self.output()
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("uvicorn did not answer within 60 s")
-                time.sleep(0.1)
+        self.service = UvicornService("fastapi_threads:app", env, workers=3)
+        self.proc = self.service.proc
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://127.0.0.1:{self.service.port}"
 
     def post(self, channel: str, thread_ts: str, text: str, msg_id: str) -> dict[str, str]:
         """POST one message event, retrying (same id) as the platform does until it is taken."""
@@ -115,18 +74,10 @@ class Server(ExampleProcess):
                 time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(20)
+        self.service.stop()
 
     def close(self) -> None:
-        self.stop()
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
+        self.service.close()
         keys = list(self.redis.scan_iter(match=self.prefix.replace(":", "\\:") + "*"))
         if keys:
             self.redis.delete(*keys)

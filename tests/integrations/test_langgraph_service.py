@@ -10,12 +10,10 @@ took the POST is not the one running the thread, and a ``/confirm`` message's
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import TARGETS
 from tests.postgres.helpers import drop_schema, new_schema
 from tests.support.uvicorn_service import SseEvent, UvicornService
 
@@ -27,14 +25,11 @@ MAX_MESSAGES = 60
 
 
 @pytest.fixture
-def service(
-    redis_url: str, postgres_url: str, unique: str, tmp_path: Path
-) -> Iterator[UvicornService]:
-    target = TARGETS["redis"]
+def service(isolated_redis_url: str, postgres_url: str) -> Iterator[UvicornService]:
     schema = new_schema()
     create_schema(postgres_url, schema)
     env = {
-        "TENURE_URL": target.isolated_url(unique, tmp_path),
+        "TENURE_URL": isolated_redis_url,
         "LANGGRAPH_CHECKPOINTS": schema_url(postgres_url, schema),
         "TENURE_EXAMPLE_TTL_MS": "3000",
         "TENURE_EXAMPLE_IDLE": "10",
@@ -44,8 +39,6 @@ def service(
         yield service
     finally:
         service.close()
-        if target.cleanup is not None:
-            target.cleanup(unique)
         drop_schema(postgres_url, schema)
 
 

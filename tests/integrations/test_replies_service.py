@@ -14,12 +14,10 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import TARGETS
 from tests.support.uvicorn_service import UvicornService
 
 WORDS = " ".join(f"w{i}" for i in range(40))
@@ -37,15 +35,12 @@ class Service(UvicornService):
 
 
 @pytest.fixture
-def service(redis_url: str, unique: str, tmp_path: Path) -> Iterator[Service]:
-    target = TARGETS["redis"]
-    service = Service(target.isolated_url(unique, tmp_path))
+def service(isolated_redis_url: str) -> Iterator[Service]:
+    service = Service(isolated_redis_url)
     try:
         yield service
     finally:
         service.close()
-        if target.cleanup is not None:
-            target.cleanup(unique)
 
 
 def test_the_reply_arrives_when_the_owning_worker_is_killed_mid_reply(service: Service) -> None:

@@ -19,6 +19,7 @@ from tenure import Debounce, Event, InvalidArgument, MemoryPubSub, RuntimeEvent,
 from tenure.runtime._log import INTERRUPT
 from tenure.testing import eventually
 
+from ._policy_support import owner_and_other
 from .test_policies import OPTIONS, Blocking, of_kind
 
 WINDOW = 0.3
@@ -80,15 +81,12 @@ async def test_an_idle_thread_runs_once_a_burst_is_quiet_with_every_signal(
 ) -> None:
     handler = Timed()
     events: list[RuntimeEvent] = []
-    async with MemoryPubSub() as memory:
-        owner = ThreadRuntime(memory, handler, on_event=events.append, **OPTIONS)
-        other = ThreadRuntime(memory, handler, **OPTIONS)
-        async with owner, other:
-            first = await owner.send_signal("t", "start", policy=Debounce(WINDOW))
-            assert first.outcome == "wake"
-            ids, last_began = await burst(owner if sender_is_owner else other, 5, WINDOW / 5)
-            await eventually(lambda: len(handler.taken) == 1, timeout=10)
-            await asyncio.sleep(2 * WINDOW)
+    async with owner_and_other(handler, events) as (owner, other):
+        first = await owner.send_signal("t", "start", policy=Debounce(WINDOW))
+        assert first.outcome == "wake"
+        ids, last_began = await burst(owner if sender_is_owner else other, 5, WINDOW / 5)
+        await eventually(lambda: len(handler.taken) == 1, timeout=10)
+        await asyncio.sleep(2 * WINDOW)
     assert len(handler.taken) == 1
     (_, signal) = handler.taken[0]
     assert signal.id == ids[-1]
@@ -117,17 +115,14 @@ async def test_signals_further_apart_than_the_window_run_apart() -> None:
 async def test_while_a_run_is_busy_a_burst_waits_and_is_handed_over_together() -> None:
     handler = Timed()
     events: list[RuntimeEvent] = []
-    async with MemoryPubSub() as memory:
-        owner = ThreadRuntime(memory, handler, on_event=events.append, **OPTIONS)
-        other = ThreadRuntime(memory, handler, **OPTIONS)
-        async with owner, other:
-            await owner.send_signal("t", "slow")
-            await asyncio.wait_for(handler.busy.wait(), 5)
-            ids, _ = await burst(other, 4, 0.0)
-            assert await owner.threads()
-            handler.go.set()
-            await eventually(lambda: len(handler.taken) == 2, timeout=10)
-            await asyncio.sleep(2 * WINDOW)
+    async with owner_and_other(handler, events) as (owner, other):
+        await owner.send_signal("t", "slow")
+        await asyncio.wait_for(handler.busy.wait(), 5)
+        ids, _ = await burst(other, 4, 0.0)
+        assert await owner.threads()
+        handler.go.set()
+        await eventually(lambda: len(handler.taken) == 2, timeout=10)
+        await asyncio.sleep(2 * WINDOW)
     assert len(handler.taken) == 2
     _, signal = handler.taken[1]
     assert [signal.id, *(s.id for s in signal.coalesced)] == [ids[-1], *ids[:-1]]

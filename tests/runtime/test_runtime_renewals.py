@@ -43,15 +43,24 @@ class _Threads:
         if event.kind == "lost" and event.run_id is not None:
             self.lost[event.run_id] = (time.monotonic(), event.detail or "")
 
+    def runtime(self, backend: Any, lease_provider: Any, ttl_ms: int) -> ThreadRuntime:
+        """A runtime on ``backend`` whose runs are these threads' and whose losses they note."""
+        return ThreadRuntime(
+            backend,
+            self.handler,
+            lease_provider=lease_provider,
+            ttl_ms=ttl_ms,
+            idle_timeout=3600,
+            on_event=self.on_event,
+        )
+
 
 @pytest.mark.asyncio
 async def test_the_leases_of_every_live_thread_are_renewed_in_one_call_per_interval() -> None:
     threads = _Threads()
     async with MemoryPubSub() as memory:
         counting = Counting(memory)
-        rt = ThreadRuntime(
-            memory, threads.handler, lease_provider=counting, ttl_ms=1500, idle_timeout=3600
-        )
+        rt = threads.runtime(memory, counting, ttl_ms=1500)
         async with rt:
             for i in range(20):
                 await rt.send_signal(f"t{i}", i)
@@ -74,14 +83,7 @@ async def test_a_lease_refused_in_the_batch_is_lost_alone() -> None:
         backend = RedisStreamsPubSub.from_url(server.url)
         counting = Counting(backend)
         try:
-            rt = ThreadRuntime(
-                backend,
-                threads.handler,
-                lease_provider=counting,
-                ttl_ms=1500,
-                idle_timeout=3600,
-                on_event=threads.on_event,
-            )
+            rt = threads.runtime(backend, counting, ttl_ms=1500)
             async with rt:
                 for i in range(4):
                     await rt.send_signal(f"t{i}", i)
@@ -119,14 +121,7 @@ async def test_a_hung_batch_loses_each_lease_at_its_own_deadline_before_its_ttl(
         backend = RedisStreamsPubSub.from_url(server.url, socket_timeout=30)
         counting = Counting(backend)
         try:
-            rt = ThreadRuntime(
-                backend,
-                threads.handler,
-                lease_provider=counting,
-                ttl_ms=ttl_ms,
-                idle_timeout=3600,
-                on_event=threads.on_event,
-            )
+            rt = threads.runtime(backend, counting, ttl_ms=ttl_ms)
             async with rt:
                 await rt.send_signal("first", 1)
                 await eventually(lambda: len(threads.started) == 1)
@@ -185,14 +180,7 @@ async def test_a_failing_batch_is_retried_and_each_lease_lost_at_its_own_deadlin
     threads = _Threads()
     async with MemoryPubSub() as memory:
         failing = FailingBatches(memory)
-        rt = ThreadRuntime(
-            memory,
-            threads.handler,
-            lease_provider=failing,
-            ttl_ms=3000,
-            idle_timeout=3600,
-            on_event=threads.on_event,
-        )
+        rt = threads.runtime(memory, failing, ttl_ms=3000)
         async with rt:
             await rt.send_signal("first", 1)
             await eventually(lambda: len(threads.started) == 1)

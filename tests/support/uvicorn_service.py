@@ -69,7 +69,8 @@ class UvicornService:
         assert self.proc.stdout is not None
         return self.proc.stdout.read().decode(errors="replace") if self.proc.poll() else ""
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """SIGTERM the process group (SIGKILL after 20 s) and wait for it."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -77,6 +78,9 @@ class UvicornService:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(20)
+
+    def close(self) -> None:
+        self.stop()
         assert self.proc.stdout is not None
         self.proc.stdout.close()
 
