@@ -358,9 +358,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
             self._events_q.claim_take,
             {
                 "group": group.gid,
-                # See claim_take.sql: redeliveries one at a time, and a fenced
-                # subscription (a runtime's thread) takes new events one at a time.
-                "limit": 1 if keys else _BATCH,
+                "limit": _BATCH,  # one at a time while a redelivery is due (claim_take.sql)
                 "visible": self._event_opts.visibility_timeout,
                 "consumer": self._consumer,
                 "retake": group.unsure,
@@ -410,8 +408,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 group.wake.set()
                 continue
             self._queue_claimed(group, claimed)
-            full = len(claimed) >= (1 if group.fence_arrays()[0] else _BATCH)
-            if full or any(attempt > 1 for _, attempt, _ in claimed):
+            if len(claimed) >= _BATCH or any(attempt > 1 for _, attempt, _ in claimed):
                 # More may wait (a redelivery is taken alone): take again once
                 # these are handled, so no claim counts a delivery before its
                 # callback can get it.

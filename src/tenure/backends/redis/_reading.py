@@ -43,8 +43,8 @@ _ACK_BATCH = 256
 # that kills its reader (or readers killed in a row), innocent entries would
 # reach max_attempts and be dropped. Entries are therefore claimed back (from a
 # dead member, or one's own after a failure) one at a time, each just before its
-# callback gets it: a death costs a delivery only to the entry being handled and
-# to the new entries of the read under way (one, on a fenced subscription).
+# callback gets it: a death costs a delivery only to the entry being handled and,
+# once, to the new entries of the read under way.
 _CLAIM_BATCH = 1
 # The consumer that holds handed-back and reclaimed entries until a member takes
 # them. Real members are named "<instance hex>-<n>", so it cannot collide with one.
@@ -92,13 +92,6 @@ class _Sub:
     stopped: bool = False
     # Entries whose callback returned, not yet acknowledged (see write_acks).
     acks: list[bytes] = field(default_factory=list)
-
-    @property
-    def batch(self) -> int:
-        """How many new entries one read takes (see ``_CLAIM_BATCH``): a fenced
-        subscription (a runtime's thread, handled one signal at a time) takes one,
-        so a delivery is counted only for the entry its callback gets."""
-        return 1 if self.fence is not None else 64
 
 
 class StreamReader(RedisParts):
@@ -198,7 +191,7 @@ class StreamReader(RedisParts):
         take them after the lease is gone; the wait is a plain ``XREAD BLOCK``
         (which takes nothing) with the take pipelined after it."""
         take = (
-            b"XREADGROUP", b"GROUP", sub.group, sub.consumer, b"COUNT", sub.batch,
+            b"XREADGROUP", b"GROUP", sub.group, sub.consumer, b"COUNT", 64,
             b"STREAMS", sub.stream, b">",
         )  # fmt: skip
         if sub.newest is None:
@@ -217,7 +210,7 @@ class StreamReader(RedisParts):
         reply, newest = done
         entries = [(entry_id, _fields(raw)) for entry_id, raw in _entries(reply)]
         # Fewer than asked for: nothing newer was left to take.
-        sub.newest = newest if len(entries) < sub.batch else None
+        sub.newest = newest if len(entries) < 64 else None
         return entries
 
     async def _wait_then_take(self, sub: _Sub, take: tuple[Any, ...]) -> Any:

@@ -65,10 +65,9 @@ _BATCH = 100  # events claimed per fetch
 # never reached counted all the same: behind one event that kills its reader (or
 # readers killed in a row), innocent events would reach max_attempts and be
 # dropped. So a fetch takes at most one redelivery (and then nothing new: the
-# redelivery is older), just before its callback gets it; and a fenced
-# subscription (a runtime's thread, handled one signal at a time) takes new
-# events one at a time too. A death then costs a delivery only to the event
-# being handled and to the new events of the fetch under way.
+# redelivery is older), just before its callback gets it. A death then costs a
+# delivery only to the event being handled and, once, to the new events of the
+# fetch under way.
 _FENCED_RETRY = 0.1  # seconds before a fetch that the fence held off looks again
 
 
@@ -199,8 +198,7 @@ class EventLog:
                 claimed.append((event_id, attempt + 1, body))
                 break
             if not claimed:
-                batch = 1 if fence[0] else _BATCH
-                cursor = self._claim_fresh(conn, gid, topic, cursor, visible, claimed, batch)
+                cursor = self._claim_fresh(conn, gid, topic, cursor, visible, claimed, _BATCH)
         return claimed, cursor, dropped
 
     def _claim_fresh(
@@ -501,8 +499,7 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
                 self._dropped(group, event_id, attempts)
             group.queue_claimed(claimed)
             group.progress.set()
-            full = len(claimed) >= (1 if group.fence_arrays()[0] else _BATCH)
-            if full or any(attempt > 1 for _, attempt, _ in claimed):
+            if len(claimed) >= _BATCH or any(attempt > 1 for _, attempt, _ in claimed):
                 # More may wait (a redelivery is taken alone, see _BATCH): take
                 # again once these are handled, so no claim counts a delivery
                 # before its callback can get it.
