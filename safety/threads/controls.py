@@ -8,8 +8,7 @@ by the checkers of :mod:`safety.threads.checker`:
   passes, ``Renewer.lose`` does nothing), so a run goes on after a pause past
   its TTL or while its renewals hang. Caught as overlaps (a stale run's write
   after its successor's), or as lost signals (the process never hands its
-  threads back); since fenced takes hand a run one signal at a time, a stale run
-  has at most one signal to write late.
+  threads back); a run shows one or both.
 - ``no-reclaim``: a new owner does not take back a dead owner's unfinished
   signals and the sweep finds no thread with unfinished signals (the backend's
   ``reclaim`` returns 0, ``backlog`` returns ``[]``): redelivery falls back to

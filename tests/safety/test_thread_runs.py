@@ -265,9 +265,8 @@ def test_negative_control_is_caught(control: str, tmp_path: Path) -> None:
     )
     expected = {
         # A run that never learns of its loss writes what it holds after its
-        # successor (overlaps); since a fenced take hands a run one signal at a
-        # time, that is at most one write per stale run, and the process keeping
-        # its threads' sessions (never handed back) shows as signals lost as often.
+        # successor (overlaps); a process that keeps its threads' sessions
+        # (never handed back) shows as signals lost, and runs show one or both.
         "never-lose": ("overlaps", "lost"),
         "no-reclaim": ("lost",),
         "collide": ("misrouted",),
