@@ -413,7 +413,11 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 # these are handled, so no claim counts a delivery before its
                 # callback can get it.
                 group.progress.set()
-                await group.queue.join()
+                # At most a poll interval: a delivery that never completes here (a
+                # stale subscriber's callback blocked until it leaves) must not stop
+                # this group's takes.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(group.queue.join(), self._event_opts.poll_interval)
                 group.wake.set()
             elif claimed:
                 # Take again at once: a publish that found this batch's claims

@@ -503,7 +503,11 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
                 # More may wait (a redelivery is taken alone, see _BATCH): take
                 # again once these are handled, so no claim counts a delivery
                 # before its callback can get it.
-                await group.queue.join()
+                # At most a poll interval: a delivery that never completes here (a
+                # stale subscriber's callback blocked until it leaves) must not stop
+                # this group's takes.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(group.queue.join(), self._event_opts.poll_interval)
                 group.wake.set()
 
     # -- outcomes, in batches, and upkeep ---------------------------------------------
