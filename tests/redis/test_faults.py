@@ -348,6 +348,51 @@ async def test_reader_recovers_entries_whose_reply_was_lost(
 
 
 @pytest.mark.asyncio
+async def test_after_a_lost_reply_entries_handed_back_before_it_go_first(
+    server: RedisServer, make_backend: MakeBackend
+) -> None:
+    """Entries handed back to the group (a reclaim) and newer ones that a read
+    took for this member but whose reply was lost: after the failure, the member
+    handles them all in id order, not its own first. (Handling its own first
+    is what ran a thread's later signals before earlier ones in a soak with
+    restarts.) The periodic look at others' entries is 10 s away here, so only
+    the recovery decides the order."""
+    backend = make_backend(server.url, quarantine=False, socket_timeout=20, block_ms=10_000)
+    publisher = make_backend(server.url, quarantine=False)
+    got: list[Event] = []
+
+    async def callback(event: Event) -> None:
+        got.append(event)
+
+    await backend.subscribe("t", callback, group="g")
+    sub = next(iter(backend._subs["t"].values()))
+    await asyncio.sleep(0.2)  # its first look is over: it blocks on new entries
+    stream = b"tenure:{t}:stream"
+    events = [Event(type="t", data=i) for i in range(6)]
+    # In one step each, so the blocked reader takes none of them: three entries
+    # read by a member that is gone, then three read for this member, whose
+    # reply (as if) never arrived.
+    for consumer, batch in ((b"gone", events[:3]), (sub.consumer.encode(), events[3:])):
+        server.command(
+            "EVAL",
+            "for i = 3, #ARGV do redis.call('XADD', KEYS[1], '*', 'e', ARGV[i]) end "
+            "return redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'STREAMS', KEYS[1], '>')",
+            1,
+            stream,
+            sub.group,
+            consumer,
+            *(e.to_json() for e in batch),
+        )
+        if consumer == b"gone":
+            assert await publisher.reclaim("t", "g") == 3
+    assert got == []
+    server.command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")  # the reader fails once
+    await eventually(lambda: len(got) >= 6, timeout=15)
+    assert [e.data for e in got] == list(range(6))
+    assert [e.attempt for e in got] == [2] * 6
+
+
+@pytest.mark.asyncio
 async def test_a_reader_blocked_on_a_paused_server_notices_and_reads_again_after(
     server: RedisServer, make_backend: MakeBackend, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -132,11 +133,14 @@ class StreamReader(RedisParts):
                 # First, so that a retry after a failure does not deliver again
                 # what was handled and not yet acknowledged.
                 await self.write_acks(sub)
-                if not sub.fanout and loop.time() >= next_claim:
-                    next_claim = loop.time() + claim_every
-                    await self._take(sub)
-                if history:
-                    await self._redeliver_own(sub)
+                if history or (not sub.fanout and loop.time() >= next_claim):
+                    if not sub.fanout:
+                        next_claim = loop.time() + claim_every
+                    # After a failure, this consumer's own entries are taken in
+                    # the same walk as those others left, in id order: a read
+                    # whose reply was lost holds entries newer than ones handed
+                    # back before it, and those go first.
+                    await self._take(sub, own=history)
                     history = False
                 entries = await (
                     self._read_new(sub) if sub.fence is None else self._read_fenced(sub)
@@ -275,26 +279,13 @@ class StreamReader(RedisParts):
         await self.write_acks(sub)
         return True
 
-    async def _redeliver_own(self, sub: _Sub) -> None:
-        """Handle the entries this consumer was given but never acknowledged."""
-        client = self._client
-        while True:
-            pending = await self._io(
-                client.xpending_range, sub.stream, sub.group, "-", "+", _CLAIM_BATCH, sub.consumer
-            )
-            if not pending:
-                return
-            counts = {p["message_id"]: int(p["times_delivered"]) for p in pending}
-            # XCLAIM to ourselves bumps the delivery count and returns the entries.
-            if not await self._claim_and_handle(sub, 0, counts):
-                return  # fenced off: the lease's next holder reclaims them
-            if len(pending) < _CLAIM_BATCH:
-                return
-
-    async def _take(self, sub: _Sub, holder: bytes | None = None) -> None:
+    async def _take(self, sub: _Sub, holder: bytes | None = None, *, own: bool = False) -> None:
         """Take over, in id order, the entries other consumers of the group (or
         only ``holder``) left unacknowledged for ``claim_idle_ms``; handed-back and
-        reclaimed entries qualify at once. Handles every one before returning."""
+        reclaimed entries qualify at once. With ``own`` (after a failure), this
+        consumer's own unacknowledged entries too, in the same order: a lost
+        ``XREADGROUP`` reply or ``XACK`` leaves them pending, and ``">"`` never
+        returns them again. Handles every one before returning."""
         client = self._client
         me = sub.consumer.encode("utf-8")
         start: bytes | str = "-"
@@ -307,15 +298,22 @@ class StreamReader(RedisParts):
                 "+",
                 _CLAIM_BATCH,
                 consumername=holder,
-                idle=self._claim_idle_ms,
+                idle=None if own else self._claim_idle_ms,
             )
-            counts = {
-                p["message_id"]: int(p["times_delivered"]) for p in pending if p["consumer"] != me
-            }
-            # The min-idle makes a race with another member's claim harmless:
-            # the first claim resets the idle time, so the second takes nothing.
-            if counts and not await self._claim_and_handle(sub, self._claim_idle_ms, counts):
-                return  # fenced off
+            # (id, deliveries so far, min idle of its claim): one's own entries
+            # are claimed back whatever their idle time; another member's only
+            # once idle, so a race with that member's own claim is harmless (the
+            # first claim resets the idle time, so the second takes nothing).
+            due = []
+            for p in pending:
+                mine = p["consumer"] == me
+                if own if mine else int(p["time_since_delivered"]) >= self._claim_idle_ms:
+                    min_idle_ms = 0 if mine else self._claim_idle_ms
+                    due.append((p["message_id"], int(p["times_delivered"]), min_idle_ms))
+            for min_idle_ms, run in itertools.groupby(due, key=lambda d: d[2]):
+                counts = {entry_id: count for entry_id, count, _ in run}
+                if not await self._claim_and_handle(sub, min_idle_ms, counts):
+                    return  # fenced off
             if len(pending) < _CLAIM_BATCH:
                 return
             start = b"(" + pending[-1]["message_id"]
