@@ -61,21 +61,41 @@ _EXIT_UNAVAILABLE = (
     "       a server that does not answer)"
 )
 
+# One ``add_argument`` call: its names or flags, and its settings.
+_Option = tuple[tuple[str, ...], dict[str, Any]]
 
-def _exits(*lines: str) -> str:
-    return "\n".join(("exit status:", *lines))
+
+def _option(*flags: str, **settings: Any) -> _Option:
+    return flags, settings
 
 
-def _add(commands: Any, name: str, handler: Handler, *, description: str, **kw: Any) -> Any:
-    """A subcommand whose ``handler(args)`` gives the exit status."""
+# The options that mean the same in every command that takes them.
+_URL = _option("--url", default=None, help=_URL_HELP)
+_JSON = _option("--json", action="store_true", help="JSON Lines instead of columns")
+_PREFIX = _option("--prefix", default="", help="only keys that start with this")
+_KEY = _option("key", metavar="KEY")
+
+
+def _add(
+    commands: Any,
+    name: str,
+    handler: Handler,
+    *options: _Option,
+    description: str,
+    exits: Sequence[str],
+    **kw: Any,
+) -> None:
+    """A subcommand with ``options``, whose ``handler(args)`` gives one of its ``exits``."""
     found = commands.add_parser(
         name,
         description=textwrap.fill(description, 88),
+        epilog="\n".join(("exit status:", *exits)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         **kw,
     )
+    for flags, settings in options:
+        found.add_argument(*flags, **settings)
     found.set_defaults(handler=handler, usage_error=found.error)
-    return found
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,10 +112,49 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _demo_parser(commands: Any) -> None:
-    demo = _add(
+    _add(
         commands,
         "demo",
         _demo,
+        _option(
+            "--workers", type=_bounded_int(1, 32), default=4, help="worker processes (default 4)"
+        ),
+        _option("--threads", type=_bounded_int(1, 1000), default=5, help="threads (default 5)"),
+        _option(
+            "--signals",
+            type=_bounded_int(1, 100_000),
+            default=200,
+            help="signals to send (default 200)",
+        ),
+        _option(
+            "--seed",
+            type=_bounded_int(0, 2**63 - 1),
+            default=None,
+            help="seed of the plan (default random, printed so a run can be repeated)",
+        ),
+        _option(
+            "--url",
+            default=None,
+            help=(
+                "backend URL, e.g. redis://127.0.0.1:6379/0 (default: a fresh SQLite file in a "
+                "temp dir; memory:// gives each worker a backend of its own: a negative control "
+                "whose verdict must FAIL)"
+            ),
+        ),
+        _option(
+            "--ttl-ms",
+            type=_bounded_int(100, 600_000),
+            default=2000,
+            help="lease TTL (default 2000)",
+        ),
+        _option(
+            "--send-seconds",
+            type=_seconds(3600),
+            default=12.0,
+            help="spread the signals over this many seconds (default 12)",
+        ),
+        _option("--no-kill", dest="kill", action="store_false", help="do not kill a worker"),
+        _option("--keep", action="store_true", help="keep the evidence directory"),
         help="run the thread runtime live across worker processes, kill one, judge the result",
         description=(
             "Start several worker processes that run the thread runtime on one backend, send "
@@ -104,49 +163,34 @@ def _demo_parser(commands: Any) -> None:
             "computed from what the workers recorded: every signal handled, never two owners "
             "of a thread at once, fencing tokens increasing."
         ),
-        epilog=_exits(
-            "  0    PASS", "  1    FAIL", "  2    a usage error, or a URL the demo cannot use"
-        ),
+        exits=("  0    PASS", "  1    FAIL", "  2    a usage error, or a URL the demo cannot use"),
     )
-    bounded = {
-        "--workers": (_bounded_int(1, 32), 4, "worker processes (default 4)"),
-        "--threads": (_bounded_int(1, 1000), 5, "threads (default 5)"),
-        "--signals": (_bounded_int(1, 100_000), 200, "signals to send (default 200)"),
-        "--seed": (
-            _bounded_int(0, 2**63 - 1),
-            None,
-            "seed of the plan (default random, printed so a run can be repeated)",
-        ),
-    }
-    for option, (kind, default, text) in bounded.items():
-        demo.add_argument(option, type=kind, default=default, help=text)
-    demo.add_argument(
-        "--url",
-        default=None,
-        help=(
-            "backend URL, e.g. redis://127.0.0.1:6379/0 (default: a fresh SQLite file in a "
-            "temp dir; memory:// gives each worker a backend of its own: a negative control "
-            "whose verdict must FAIL)"
-        ),
-    )
-    demo.add_argument(
-        "--ttl-ms", type=_bounded_int(100, 600_000), default=2000, help="lease TTL (default 2000)"
-    )
-    demo.add_argument(
-        "--send-seconds",
-        type=_seconds(3600),
-        default=12.0,
-        help="spread the signals over this many seconds (default 12)",
-    )
-    demo.add_argument("--no-kill", dest="kill", action="store_false", help="do not kill a worker")
-    demo.add_argument("--keep", action="store_true", help="keep the evidence directory")
 
 
 def _run_parser(commands: Any) -> None:
-    run = _add(
+    _add(
         commands,
         "run",
         _run,
+        _option("key", metavar="KEY", help="the lease key"),
+        _option("argv", metavar="CMD", nargs=argparse.REMAINDER, help="the command"),
+        _URL,
+        _option(
+            "--ttl-ms", type=_bounded_int(100, 86_400_000), default=15_000, help="lease TTL (15000)"
+        ),
+        _option(
+            "--wait",
+            type=_seconds(1e9, zero=True, forever=True),
+            default=0.0,
+            help="seconds to wait for a busy key ('forever' waits without limit; default 0)",
+        ),
+        _option("--owner", default=None, help="the owner's name (default HOST:PID)"),
+        _option(
+            "--grace",
+            type=_seconds(3600),
+            default=10.0,
+            help="seconds from SIGTERM to SIGKILL (10)",
+        ),
         help="run a command while holding a lease (like flock(1), across hosts)",
         usage="tenure run [options] KEY -- CMD [ARGS...]",
         description=(
@@ -157,7 +201,7 @@ def _run_parser(commands: Any) -> None:
             "SIGKILL, if tenure run dies. With -- in the line every word before it is tenure "
             "run's (options may follow KEY); without it CMD starts at the word after KEY."
         ),
-        epilog=_exits(
+        exits=(
             "  CMD's own, 128+N when signal N ended it",
             _EXIT_USAGE + ", no CMD, or memory://",
             _EXIT_UNAVAILABLE,
@@ -167,84 +211,69 @@ def _run_parser(commands: Any) -> None:
             "  127  CMD was not found",
         ),
     )
-    run.add_argument("key", metavar="KEY", help="the lease key")
-    run.add_argument("argv", metavar="CMD", nargs=argparse.REMAINDER, help="the command")
-    run.add_argument("--url", default=None, help=_URL_HELP)
-    run.add_argument(
-        "--ttl-ms", type=_bounded_int(100, 86_400_000), default=15_000, help="lease TTL (15000)"
-    )
-    run.add_argument(
-        "--wait",
-        type=_seconds(1e9, zero=True, forever=True),
-        default=0.0,
-        help="seconds to wait for a busy key ('forever' waits without limit; default 0)",
-    )
-    run.add_argument("--owner", default=None, help="the owner's name (default HOST:PID)")
-    run.add_argument(
-        "--grace", type=_seconds(3600), default=10.0, help="seconds from SIGTERM to SIGKILL (10)"
-    )
 
 
 def _threads_parser(commands: Any) -> None:
-    threads = _add(
+    _add(
         commands,
         "threads",
         _threads,
+        _option(
+            "--namespace", default="tenure.thread", help="the runtime's namespace (tenure.thread)"
+        ),
+        _JSON,
+        _URL,
         help="the thread runtime's threads: owner, token, TTL, unfinished signals",
         description=(
             "The threads of a namespace that have a run (in any process) or signals not "
             "yet acknowledged, read from the backend."
         ),
-        epilog=_exits("  0    listed (perhaps nothing)", _EXIT_USAGE, _EXIT_UNAVAILABLE),
+        exits=("  0    listed (perhaps nothing)", _EXIT_USAGE, _EXIT_UNAVAILABLE),
     )
-    threads.add_argument(
-        "--namespace", default="tenure.thread", help="the runtime's namespace (tenure.thread)"
-    )
-    threads.add_argument("--json", action="store_true", help="JSON Lines instead of columns")
-    threads.add_argument("--url", default=None, help=_URL_HELP)
 
 
 def _watch_parser(commands: Any) -> None:
-    watch = _add(
+    _add(
         commands,
         "watch",
         _watch,
+        _PREFIX,
+        _option("--interval", type=_seconds(3600), default=0.5, help="seconds between looks (0.5)"),
+        _option(
+            "--count",
+            type=_bounded_int(1, 2**31),
+            default=None,
+            help="stop after this many changes",
+        ),
+        _URL,
         help="a live view of leases being granted, transferred, released and expiring",
         description=(
             "Scan the leases under a prefix every --interval seconds and print each change: "
             "granted, transferred, granted again, released (or revoked), expired, and "
             "leases whose renewals stopped. Runs until interrupted."
         ),
-        epilog=_exits("  0    interrupted, or --count reached", _EXIT_USAGE, _EXIT_UNAVAILABLE),
+        exits=("  0    interrupted, or --count reached", _EXIT_USAGE, _EXIT_UNAVAILABLE),
     )
-    watch.add_argument("--prefix", default="", help="only keys that start with this")
-    watch.add_argument(
-        "--interval", type=_seconds(3600), default=0.5, help="seconds between looks (0.5)"
-    )
-    watch.add_argument(
-        "--count", type=_bounded_int(1, 2**31), default=None, help="stop after this many changes"
-    )
-    watch.add_argument("--url", default=None, help=_URL_HELP)
 
 
 def _doctor_parser(commands: Any) -> None:
-    doctor = _add(
+    _add(
         commands,
         "doctor",
         _doctor,
+        _URL,
         help="check that the backend, as deployed, is safe for leases",
         description=(
             "Look at the backend's server or file (eviction, persistence, replication, "
             "isolation, filesystem, clock...) and print each finding with its fix."
         ),
-        epilog=_exits(
+        exits=(
             "  0    nothing unsafe (warnings allowed)",
             "  1    something is unsafe",
             _EXIT_USAGE,
             _EXIT_UNAVAILABLE,
         ),
     )
-    doctor.add_argument("--url", default=None, help=_URL_HELP)
 
 
 def _leases_parser(commands: Any) -> None:
@@ -255,46 +284,45 @@ def _leases_parser(commands: Any) -> None:
     )
     actions = leases.add_subparsers(dest="action", metavar="ACTION", required=True)
     exits = ("  0    done", _EXIT_USAGE, _EXIT_UNAVAILABLE)
-    listing = _add(
+    _add(
         actions,
         "list",
         _leases_list,
+        _PREFIX,
+        _option("--limit", type=_bounded_int(1, 2**63 - 1), default=None, help="at most this many"),
+        _URL,
+        _JSON,
         help="the live leases: key, owner, token, TTL left",
         description="The live leases: key, owner, token, TTL left.",
-        epilog=_exits(*exits),
+        exits=exits,
     )
-    listing.add_argument("--prefix", default="", help="only keys that start with this")
-    listing.add_argument(
-        "--limit", type=_bounded_int(1, 2**63 - 1), default=None, help="at most this many"
-    )
-    get = _add(
+    _add(
         actions,
         "get",
         _leases_get,
+        _KEY,
+        _URL,
+        _JSON,
         help="one key's live lease (exit 1 when there is none)",
         description="One key's live lease.",
-        epilog=_exits(*exits, "  1    KEY has no live lease"),
+        exits=(*exits, "  1    KEY has no live lease"),
     )
-    get.add_argument("key", metavar="KEY")
-    revoke = _add(
+    _add(
         actions,
         "revoke",
         _leases_revoke,
+        _KEY,
+        _option(
+            "--token",
+            type=_bounded_int(1, 2**63 - 1),
+            default=None,
+            help="only if the lease still carries this fencing token",
+        ),
+        _URL,
         help="force-release a lease, atomically (exit 1 when nothing was revoked)",
         description="Force-release a lease, atomically: its owner's next renewal fails.",
-        epilog=_exits(*exits, "  1    nothing was revoked"),
+        exits=(*exits, "  1    nothing was revoked"),
     )
-    revoke.add_argument("key", metavar="KEY")
-    revoke.add_argument(
-        "--token",
-        type=_bounded_int(1, 2**63 - 1),
-        default=None,
-        help="only if the lease still carries this fencing token",
-    )
-    for action in (listing, get, revoke):
-        action.add_argument("--url", default=None, help=_URL_HELP)
-    for action in (listing, get):
-        action.add_argument("--json", action="store_true", help="JSON Lines instead of columns")
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

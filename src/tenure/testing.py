@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from ._contract import AcquireResult, Capability, RefusalReason, capabilities_of
+from ._contract import AcquireResult, Capability, LeaseRecord, RefusalReason, capabilities_of
 from ._detect import is_lease_provider
 from ._errors import BackendClosed, InvalidArgument
 from ._pubsub import Event
@@ -162,6 +162,20 @@ def _require(backend: object, capability: Capability) -> None:
         pytest.skip(f"{type(backend).__name__} does not declare Capability.{capability.name}")
 
 
+async def _record(provider: Any, key: str) -> LeaseRecord:
+    """``key``'s live lease, which the test expects to be there."""
+    record: LeaseRecord | None = await provider.get_lease(key)
+    assert record is not None
+    return record
+
+
+async def _expired(provider: Any, key: str, owner: str, advance: Advance) -> Any:
+    """The result of a grant of ``key`` to ``owner`` that has run out when it is returned."""
+    granted = await provider.acquire_lease(key, owner, 100)
+    await advance(300)
+    return granted
+
+
 class _Contract:
     """What every part of the lease contract suite shares: the TTL of its real-time
     waits, the clock and a fresh key per test."""
@@ -235,8 +249,7 @@ class _GrantsAndRenewals(_Contract):
     async def test_expired_lease_goes_to_a_new_owner_with_a_higher_token(
         self, lease_provider: Any, key: str, advance: Advance
     ) -> None:
-        first = await lease_provider.acquire_lease(key, "alice", 100)
-        await advance(300)
+        first = await _expired(lease_provider, key, "alice", advance)
         assert await lease_provider.get_lease_owner(key) is None
         second = await lease_provider.acquire_lease(key, "bob", self.ttl_ms)
         assert second.acquired and second.owner == "bob"
@@ -246,8 +259,7 @@ class _GrantsAndRenewals(_Contract):
     async def test_release_by_non_owner_does_nothing(self, lease_provider: Any, key: str) -> None:
         granted = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
         assert await lease_provider.release_lease(key, "bob") is None
-        record = await lease_provider.get_lease(key)
-        assert record is not None
+        record = await _record(lease_provider, key)
         assert (record.owner, record.token) == ("alice", granted.token)
 
     @pytest.mark.asyncio
@@ -272,8 +284,7 @@ class _GrantsAndRenewals(_Contract):
         await advance(self.ttl_ms * 6 // 10)
         assert await lease_provider.renew_lease(key, "alice", self.ttl_ms) is True
         await advance(self.ttl_ms * 6 // 10)
-        record = await lease_provider.get_lease(key)
-        assert record is not None
+        record = await _record(lease_provider, key)
         assert (record.owner, record.token) == ("alice", granted.token)
 
     @pytest.mark.asyncio
@@ -286,8 +297,7 @@ class _GrantsAndRenewals(_Contract):
     async def test_renew_after_expiry_fails_and_does_not_resurrect(
         self, lease_provider: Any, key: str, advance: Advance
     ) -> None:
-        await lease_provider.acquire_lease(key, "alice", 100)
-        await advance(300)
+        await _expired(lease_provider, key, "alice", advance)
         assert await lease_provider.renew_lease(key, "alice", self.ttl_ms) is False
         assert await lease_provider.get_lease_owner(key) is None
         assert await lease_provider.get_lease(key) is None
@@ -336,8 +346,7 @@ class _TransfersAndTokens(_Contract):
         granted = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
         await advance(self.ttl_ms * 6 // 10)
         assert await lease_provider.transfer_lease(key, "alice", "bob", self.ttl_ms) is True
-        after = await lease_provider.get_lease(key)
-        assert after is not None
+        after = await _record(lease_provider, key)
         assert after.owner == "bob"
         assert after.token > granted.token
         assert after.ttl_ms > self.ttl_ms * 6 // 10  # a fresh full window, not the remainder
@@ -349,16 +358,14 @@ class _TransfersAndTokens(_Contract):
     async def test_transfer_by_non_owner_fails(self, lease_provider: Any, key: str) -> None:
         granted = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
         assert await lease_provider.transfer_lease(key, "bob", "carol", self.ttl_ms) is False
-        record = await lease_provider.get_lease(key)
-        assert record is not None
+        record = await _record(lease_provider, key)
         assert (record.owner, record.token) == ("alice", granted.token)
 
     @pytest.mark.asyncio
     async def test_transfer_after_expiry_fails(
         self, lease_provider: Any, key: str, advance: Advance
     ) -> None:
-        await lease_provider.acquire_lease(key, "alice", 100)
-        await advance(300)
+        await _expired(lease_provider, key, "alice", advance)
         assert await lease_provider.transfer_lease(key, "alice", "bob", self.ttl_ms) is False
         assert await lease_provider.get_lease_owner(key) is None
 
@@ -371,8 +378,7 @@ class _TransfersAndTokens(_Contract):
     async def test_transfer_to_self_keeps_ownership(self, lease_provider: Any, key: str) -> None:
         granted = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
         assert await lease_provider.transfer_lease(key, "alice", "alice", self.ttl_ms) is True
-        record = await lease_provider.get_lease(key)
-        assert record is not None
+        record = await _record(lease_provider, key)
         assert record.owner == "alice"
         assert record.token > granted.token
 
@@ -386,8 +392,7 @@ class _TransfersAndTokens(_Contract):
         self, lease_provider: Any, key: str
     ) -> None:
         granted = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
-        record = await lease_provider.get_lease(key)
-        assert record is not None
+        record = await _record(lease_provider, key)
         assert record.owner == "alice"
         assert record.token == granted.token
         assert 0 < record.ttl_ms <= self.ttl_ms
@@ -410,21 +415,14 @@ class _TransfersAndTokens(_Contract):
         self, lease_provider: Any, key: str, advance: Advance
     ) -> None:
         tokens: list[int] = []
-
-        async def token() -> int:
-            record = await lease_provider.get_lease(key)
-            assert record is not None
-            return int(record.token)
-
         tokens.append((await lease_provider.acquire_lease(key, "a", self.ttl_ms)).token)
         await lease_provider.release_lease(key, "a")
-        tokens.append((await lease_provider.acquire_lease(key, "b", 100)).token)
-        await advance(300)
+        tokens.append((await _expired(lease_provider, key, "b", advance)).token)
         tokens.append((await lease_provider.acquire_lease(key, "c", self.ttl_ms)).token)
         assert await lease_provider.transfer_lease(key, "c", "d", self.ttl_ms)
-        tokens.append(await token())
+        tokens.append(int((await _record(lease_provider, key)).token))
         assert await lease_provider.transfer_lease(key, "d", "a", self.ttl_ms)
-        tokens.append(await token())
+        tokens.append(int((await _record(lease_provider, key)).token))
         await lease_provider.release_lease(key, "a")
         tokens.append((await lease_provider.acquire_lease(key, "a", self.ttl_ms)).token)
         assert all(isinstance(t, int) for t in tokens)
@@ -435,8 +433,7 @@ class _TransfersAndTokens(_Contract):
         granted = await lease_provider.acquire_lease(key, "a", self.ttl_ms)
         assert await lease_provider.renew_lease(key, "a", self.ttl_ms)
         again = await lease_provider.acquire_lease(key, "a", self.ttl_ms)
-        record = await lease_provider.get_lease(key)
-        assert record is not None
+        record = await _record(lease_provider, key)
         assert granted.token == again.token == record.token
 
     @pytest.mark.asyncio
@@ -471,8 +468,8 @@ class _TransfersAndTokens(_Contract):
         assert await lease_provider.get_lease_owner(full) == owner
         denied = await lease_provider.acquire_lease(full, "someone else", self.ttl_ms)
         assert denied.owner == owner
-        record = await lease_provider.get_lease(full)
-        assert record is not None and record.owner == owner
+        record = await _record(lease_provider, full)
+        assert record.owner == owner
         assert await lease_provider.renew_lease(full, owner, self.ttl_ms)
         successor = owner[:-6] + "\0next" if len(owner.encode()) > 1000 else owner + "\0next"
         assert await lease_provider.transfer_lease(full, owner, successor, self.ttl_ms)
@@ -499,9 +496,7 @@ class _Operations(_Contract):
         self, lease_provider: Any, key: str, advance: Advance
     ) -> None:
         _require(lease_provider, Capability.OPERATIONS)
-        short = await lease_provider.acquire_lease(f"{key}/gone", "carol", 100)
-        assert short.acquired
-        await advance(300)
+        assert (await _expired(lease_provider, f"{key}/gone", "carol", advance)).acquired
         a = await lease_provider.acquire_lease(f"{key}/a", "alice", self.ttl_ms)
         b = await lease_provider.acquire_lease(f"{key}/b\0é", "bob", self.ttl_ms)
         assert (await lease_provider.acquire_lease(f"{key}-other", "dave", self.ttl_ms)).acquired
@@ -547,8 +542,8 @@ class _Operations(_Contract):
         _require(lease_provider, Capability.OPERATIONS)
         first = await lease_provider.acquire_lease(key, "alice", self.ttl_ms)
         assert await lease_provider.transfer_lease(key, "alice", "bob", self.ttl_ms)
-        record = await lease_provider.get_lease(key)
-        assert record is not None and record.token > first.token
+        record = await _record(lease_provider, key)
+        assert record.token > first.token
         assert await lease_provider.revoke_lease(key, token=first.token) is False
         assert await lease_provider.get_lease_owner(key) == "bob"
         assert await lease_provider.revoke_lease(key, token=record.token) is True
@@ -559,8 +554,7 @@ class _Operations(_Contract):
         self, lease_provider: Any, key: str, advance: Advance
     ) -> None:
         _require(lease_provider, Capability.OPERATIONS)
-        assert (await lease_provider.acquire_lease(key, "alice", 100)).acquired
-        await advance(300)
+        assert (await _expired(lease_provider, key, "alice", advance)).acquired
         assert await lease_provider.revoke_lease(key) is False
         assert (await lease_provider.acquire_lease(key, "bob", self.ttl_ms)).acquired
 

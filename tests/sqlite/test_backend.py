@@ -147,6 +147,21 @@ async def test_batch_renew_in_one_transaction(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_renew_owned_over_more_pairs_than_one_statement_takes(tmp_path: Path) -> None:
+    clock = ManualClock()
+    async with SqlitePubSub(tmp_path / "b.db", clock=clock) as backend:
+        held = [(f"k{i}", "me" if i % 3 else "other") for i in range(700)]
+        for key, owner in held:
+            assert (await backend.acquire_lease(key, owner, 1000)).acquired
+        clock.advance_ms(900)
+        asked = [(key, "me") for key, _ in held]
+        assert await backend.renew_owned(asked, 1000) == [owner == "me" for _, owner in held]
+        clock.advance_ms(900)  # past the first deadline: only the renewed ones live
+        assert await backend.get_lease_owner("k699") is None
+        assert await backend.get_lease_owner("k698") == "me"
+
+
+@pytest.mark.asyncio
 async def test_tokens_survive_the_clean_up_of_expired_rows(tmp_path: Path) -> None:
     clock = ManualClock()
     db = tmp_path / "t.db"

@@ -21,7 +21,7 @@ from ..._errors import BackendUnavailable, ConfigurationError
 from ..._output import OutputStore
 from ..._url_options import parse_query, redact_url, to_bool
 from .._core import LEASE_CAPABILITIES
-from ._connection import CHUNK, SYNCHRONOUS, Options, Worker, in_list, load_sql
+from ._connection import SYNCHRONOUS, Options, Worker, execute_chunked, load_sql
 from ._events import SqliteEvents
 from ._leases import SqliteLeases, encode_many
 from ._wake import FREED, PUBLISHED, TRANSFERRED
@@ -119,10 +119,8 @@ def _look(
     worker.data_version = conn.execute("PRAGMA data_version").fetchone()[0]
     conn.execute("BEGIN")  # one snapshot for everything read below
     now = clock()
-    for start in range(0, len(keys), CHUNK):
-        chunk = keys[start : start + CHUNK]
-        rows = conn.execute(in_list(_CHECK_LEASES, len(chunk)), chunk)
-        states.update({k: token for k, token, deadline in rows if deadline > now})
+    rows = execute_chunked(conn, _CHECK_LEASES, keys)
+    states.update({k: token for k, token, deadline in rows if deadline > now})
     topics: list[tuple[bytes, int]] = []
     if after_event is not None:
         topics = conn.execute(_EVENTS_AFTER, (after_event,)).fetchall()

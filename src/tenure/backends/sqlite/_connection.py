@@ -36,6 +36,7 @@ __all__ = [
     "Options",
     "Worker",
     "create_schema",
+    "execute_chunked",
     "in_list",
     "in_rows",
     "load_sql",
@@ -73,6 +74,31 @@ def in_rows(template: str, count: int, width: int) -> str:
     placeholders (``(?,?),(?,?)`` for a ``VALUES`` list)."""
     row = "(" + ",".join("?" * width) + ")"
     return template.replace("{rows}", ",".join([row] * count))
+
+
+def execute_chunked(
+    conn: sqlite3.Connection,
+    template: str,
+    items: Sequence[Any],
+    *first: Any,
+    width: int = 1,
+) -> list[Any]:
+    """Run ``template`` over ``items``, ``CHUNK // width`` of them per statement; every
+    row the statements return.
+
+    Each statement's parameters are ``first``, then its items: as the ``{keys}`` list
+    (``width`` 1), or as ``{rows}`` of ``width`` values (each item a tuple of them).
+    """
+    rows: list[Any] = []
+    step = CHUNK // width
+    for start in range(0, len(items), step):
+        chunk = items[start : start + step]
+        if width == 1:
+            rows += conn.execute(in_list(template, len(chunk)), (*first, *chunk))
+        else:
+            values = (x for item in chunk for x in item)
+            rows += conn.execute(in_rows(template, len(chunk), width), (*first, *values))
+    return rows
 
 
 def statements(script: str) -> list[str]:

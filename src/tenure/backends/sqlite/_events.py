@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..._errors import BackendUnavailable
 from ..._pubsub import Event
 from .._claimed import ClaimedEvents, ClaimGroup, Outcome
-from ._connection import CHUNK, Connected, Options, in_list, in_rows, load_sql, write
+from ._connection import Connected, Options, execute_chunked, load_sql, write
 from ._wake import PUBLISHED
 
 __all__ = ["EventLog", "SqliteEvents"]
@@ -275,21 +275,10 @@ class EventLog:
         with write(conn):
             self._write_acks(conn, acks, len(acks))
             visible = now + self.opts.visibility_timeout
-            extended: set[tuple[int, int, int]] = set()
-            step = CHUNK // 3  # three parameters per claim
-            for start in range(0, len(held), step):
-                chunk = held[start : start + step]
-                rows = conn.execute(
-                    in_rows(_EXTEND_CLAIM, len(chunk), 3),
-                    (visible, self.consumer, *(x for claim in chunk for x in claim)),
-                )
-                extended.update((g, e, a) for g, e, a in rows)
+            rows = execute_chunked(conn, _EXTEND_CLAIM, held, visible, self.consumer, width=3)
+            extended = {(g, e, a) for g, e, a in rows}
             lost = [claim for claim in held if claim not in extended]
-            for start in range(0, len(gids), CHUNK):
-                chunk_ids = gids[start : start + CHUNK]
-                conn.execute(
-                    in_list(_GROUP_ALIVE, len(chunk_ids)), (now + self.alive_for, *chunk_ids)
-                )
+            execute_chunked(conn, _GROUP_ALIVE, gids, now + self.alive_for)
             if prune:
                 self.prune(conn, now)
         return lost
@@ -341,16 +330,12 @@ class EventLog:
         """The groups among ``gids`` with nothing to fetch (see ``group_idle_many.sql``),
         in one snapshot: one statement per ``CHUNK`` groups, however many there are."""
         now = time.time()
-        idle: set[int] = set()
         conn.execute("BEGIN")
         try:
-            for start in range(0, len(gids), CHUNK):
-                chunk = gids[start : start + CHUNK]
-                rows = conn.execute(in_list(_IDLE_GROUPS, len(chunk)), (now, *chunk))
-                idle.update(gid for (gid,) in rows)
+            rows = execute_chunked(conn, _IDLE_GROUPS, gids, now)
         finally:
             conn.execute("COMMIT")
-        return idle
+        return {gid for (gid,) in rows}
 
     def last_event(self, conn: sqlite3.Connection) -> int:
         value: int = conn.execute(_LAST_EVENT).fetchone()[0]

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Sequence
 
 from ..._contract import AcquireResult, LeaseRecord, RefusalReason
 from .._core import EXTEND, GRANT, PAGE, REFUSE, LeaseCore, acquire_step, holds, prefix_range
-from ._connection import CHUNK, Connected, in_list, in_rows, load_sql
+from ._connection import Connected, execute_chunked, load_sql
 from ._wake import FREED, TRANSFERRED
 
 __all__ = ["SqliteLeases"]
@@ -133,33 +133,18 @@ class SqliteLeases(LeaseCore, Connected):
     def _renew_many_job(
         self, conn: sqlite3.Connection, keys: list[bytes], owner: bytes, ttl_ms: int
     ) -> set[bytes]:
-        renewed: set[bytes] = set()
         with self._write(conn):
             now = self._clock()
-            deadline = now + ttl_ms / 1000
-            for start in range(0, len(keys), CHUNK):
-                chunk = keys[start : start + CHUNK]
-                rows = conn.execute(
-                    in_list(_RENEW_MANY, len(chunk)), (deadline, owner, now, *chunk)
-                )
-                renewed.update(r[0] for r in rows)
-        return renewed
+            rows = execute_chunked(conn, _RENEW_MANY, keys, now + ttl_ms / 1000, owner, now)
+        return {r[0] for r in rows}
 
     def _renew_owned_job(
         self, conn: sqlite3.Connection, pairs: list[tuple[bytes, bytes]], ttl_ms: int
     ) -> list[bool]:
-        renewed: set[tuple[bytes, bytes]] = set()
-        step = CHUNK // 2  # two parameters per pair
         with self._write(conn):
             now = self._clock()
-            deadline = now + ttl_ms / 1000
-            for start in range(0, len(pairs), step):
-                chunk = pairs[start : start + step]
-                rows = conn.execute(
-                    in_rows(_RENEW_OWNED, len(chunk), 2),
-                    (deadline, now, *(x for pair in chunk for x in pair)),
-                )
-                renewed.update((bytes(key), bytes(owner)) for key, owner in rows)
+            rows = execute_chunked(conn, _RENEW_OWNED, pairs, now + ttl_ms / 1000, now, width=2)
+        renewed = {(bytes(key), bytes(owner)) for key, owner in rows}
         return [pair in renewed for pair in pairs]
 
     def _scan_job(
