@@ -45,6 +45,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--ttl-ms", type=int, default=1000)
     p.add_argument("--fault-gap", type=float, nargs=2, default=(0.5, 1.5), metavar=("LO", "HI"))
+    p.add_argument(
+        "--send-gap",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("LO", "HI"),
+        help="ms between a worker's sends (default 5 40; 400 1200 for langgraph)",
+    )
     p.add_argument("--no-faults", action="store_true")
     p.add_argument(
         "--output", action="store_true", help="runtimes keep output; check every thread's"
@@ -114,6 +122,7 @@ def cmd_threads(ns: argparse.Namespace) -> int:
         faults=not ns.no_faults,
         fault_kinds=ns.kinds,
         fault_gap_s=tuple(ns.fault_gap),
+        send_gap_ms=tuple(ns.send_gap) if ns.send_gap else None,
         **common,
     )
     res = asyncio.run(run_threads(rc))

@@ -117,8 +117,11 @@ class ThreadRunConfig:
     faults: bool = True
     fault_kinds: list[str] | None = None  # None: every kind of the backend
     fault_gap_s: tuple[float, float] = (0.5, 1.5)
-    heal_s: float | None = None  # None: 5 s + 3 TTLs
-    # None: 5-40 ms; 40-160 ms for the langgraph workload (three checkpoints a signal).
+    heal_s: float | None = None  # None: 5 s + 3 TTLs (20 s + 3 TTLs for langgraph)
+    # None: 5-40 ms; 400-1200 ms for the langgraph workload, whose signals cost
+    # three checkpoints and a graph each: sent faster than the loaded machine runs
+    # them, a thread's backlog grows, and each owner lost spends a delivery of every
+    # signal it had taken (up to 64), so five losses drop them (see SAFETY.md).
     send_gap_ms: tuple[float, float] | None = None
     # Every n-th signal of a worker is poison (0: none): its handler lets out a
     # CancelledError tenure did not cause, every time (see checker.looped).
@@ -142,7 +145,12 @@ class ThreadRunConfig:
     def send_gap(self) -> tuple[float, float]:
         if self.send_gap_ms is not None:
             return self.send_gap_ms
-        return (40.0, 160.0) if self.workload == "langgraph" else (5.0, 40.0)
+        return (400.0, 1200.0) if self.workload == "langgraph" else (5.0, 40.0)
+
+    def heal_limit(self) -> float:
+        if self.heal_s is not None:
+            return self.heal_s
+        return (20 if self.workload == "langgraph" else 5) + 3 * self.ttl_ms / 1000
 
     def thread_list(self) -> list[list[str]]:
         if self.control == "collide":
@@ -645,7 +653,7 @@ async def run_threads(rc: ThreadRunConfig) -> ThreadRunResult:
             await asyncio.sleep(rc.duration_s)
         await injector.heal()
         healed = time.monotonic()
-        heal_s = rc.heal_s if rc.heal_s is not None else 5 + 3 * rc.ttl_ms / 1000
+        heal_s = rc.heal_limit()
         at_least = rc.ttl_ms / 1000 + rc.sweep_s + 1
         while True:
             now = time.monotonic()
