@@ -30,7 +30,12 @@ from safety.threads.runner import ThreadRunConfig, run_threads
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_short_langgraph_run_with_faults_has_no_violation(backend: str, tmp_path: Path) -> None:
     rc = ThreadRunConfig(
-        backend=backend, duration_s=15.0, seed=11, workdir=str(tmp_path), workload="langgraph"
+        backend=backend,
+        duration_s=15.0,
+        seed=11,
+        workdir=str(tmp_path),
+        workload="langgraph",
+        send_gap_ms=(150.0, 450.0),  # busier than the soak's default: a short run
     )
     res = asyncio.run(run_threads(rc))
     print(res.figure_line())
