@@ -114,11 +114,13 @@ class Interleaved:
     again: Write
 
     def describe(self) -> str:
-        o, a = self.other, self.again
-        return (
-            f"interleaved on {a.namespace}/{a.thread}: run {a.run_id} (token {a.token}, {a.worker}) "
-            f"wrote #{a.order} ({a.signal_id}) after run {o.run_id} (token {o.token}, {o.worker}) "
-            f"wrote #{o.order}, having written before it"
+        def run(w: Write) -> str:
+            return f"run {w.run_id} (token {w.token}, {w.worker})"
+
+        a = self.again
+        where = f"{a.namespace}/{a.thread}"
+        return f"interleaved on {where}: {run(a)} wrote #{a.order} ({a.signal_id}) after " + (
+            f"{run(self.other)} wrote #{self.other.order}, having written before it"
         )
 
 

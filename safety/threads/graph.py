@@ -112,13 +112,8 @@ def build_graph(
         older = [RemoveMessage(id=m.id) for m in state["messages"][:-1] if m.id]
         return {"messages": [*older, reply], "answered": {sid: 1}}
 
-    builder = StateGraph(State)
-    builder.add_node("think", think)
-    builder.add_node("answer", answer)
-    builder.add_edge(START, "think")
-    builder.add_edge("think", "answer")
-    builder.add_edge("answer", END)
-    return builder.compile(checkpointer=saver)
+    builder = StateGraph(State).add_sequence([("think", think), ("answer", answer)])
+    return builder.add_edge(START, "think").add_edge("answer", END).compile(checkpointer=saver)
 
 
 class RecordingGraph(GraphHandler):
