@@ -51,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         nargs=2,
         default=None,
         metavar=("LO", "HI"),
-        help="ms between a worker's sends (default 5 40; 400 1200 for langgraph)",
+        help="ms between a worker's sends (default 5 40; 100 400 for langgraph)",
     )
     p.add_argument("--no-faults", action="store_true")
     p.add_argument(

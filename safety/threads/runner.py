@@ -118,10 +118,10 @@ class ThreadRunConfig:
     fault_kinds: list[str] | None = None  # None: every kind of the backend
     fault_gap_s: tuple[float, float] = (0.5, 1.5)
     heal_s: float | None = None  # None: 5 s + 3 TTLs (20 s + 3 TTLs for langgraph)
-    # None: 5-40 ms; 400-1200 ms for the langgraph workload, whose signals cost
+    # None: 5-40 ms; 100-400 ms for the langgraph workload, whose signals cost
     # three checkpoints and a graph each: sent faster than the loaded machine runs
-    # them, a thread's backlog grows, and each owner lost spends a delivery of every
-    # signal it had taken (up to 64), so five losses drop them (see SAFETY.md).
+    # them (40-160 ms was), a thread's backlog grows, and each owner lost spends a
+    # delivery of every signal it had taken, so five losses drop them (SAFETY.md).
     send_gap_ms: tuple[float, float] | None = None
     # Every n-th signal of a worker is poison (0: none): its handler lets out a
     # CancelledError tenure did not cause, every time (see checker.looped).
@@ -145,7 +145,7 @@ class ThreadRunConfig:
     def send_gap(self) -> tuple[float, float]:
         if self.send_gap_ms is not None:
             return self.send_gap_ms
-        return (400.0, 1200.0) if self.workload == "langgraph" else (5.0, 40.0)
+        return (100.0, 400.0) if self.workload == "langgraph" else (5.0, 40.0)
 
     def heal_limit(self) -> float:
         if self.heal_s is not None:
