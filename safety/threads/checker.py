@@ -12,9 +12,20 @@ Violations (each must be 0 for the real runtime):
   comes in the sender's sequence order.
 - **misrouted**: a signal written by a run of another namespace or thread than
   the one it was sent to (names that collide).
+- **interleaved**: per thread, a run that writes again after another run wrote
+  (a run's writes are contiguous once a later run has written).
+
+The LangGraph workload's checkpoint histories are judged by the same functions
+(:func:`checkpoint_writes` makes each checkpoint a write, in LangGraph's
+history order): **overlap** and **interleaved** on the history (a token that
+goes backwards, two runs' checkpoints interleaved), **order** (signals first
+checkpointed in send order); and **answers** on the final states: every signal
+whose send returned was applied and answered exactly once, and no signal more
+than once.
 
 Reported, never failed: **duplicates** (a signal written more than once:
-delivery is at least once) and the **takeover delays** after owner kills.
+delivery is at least once), the **takeover delays** after owner kills, and
+**forks** (a checkpoint whose parent is not the one before it in the history).
 """
 
 from __future__ import annotations
@@ -28,15 +39,20 @@ from dataclasses import dataclass, field
 
 from tenure._history import Sighting, token_clashes
 
-from .evidence import Fault, OutputSeen, Stored, Write
+from .evidence import Checkpoint, Fault, FinalState, OutputSeen, Stored, Write
 
 __all__ = [
     "LOOP_BOUND",
+    "Interleaved",
     "Overlap",
     "Reordered",
     "ThreadReport",
+    "answers",
     "check",
+    "checkpoint_writes",
     "duplicates",
+    "forks",
+    "interleaved",
     "looped",
     "lost_signals",
     "misrouted",
@@ -90,6 +106,24 @@ class Reordered:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Interleaved:
+    """Run ``again.run_id`` wrote ``again`` after ``other`` of another run, having written before."""
+
+    other: Write
+    again: Write
+
+    def describe(self) -> str:
+        def run(w: Write) -> str:
+            return f"run {w.run_id} (token {w.token}, {w.worker})"
+
+        a = self.again
+        where = f"{a.namespace}/{a.thread}"
+        return f"interleaved on {where}: {run(a)} wrote #{a.order} ({a.signal_id}) after " + (
+            f"{run(self.other)} wrote #{self.other.order}, having written before it"
+        )
+
+
 def lost_signals(stored: Iterable[Stored], writes: Iterable[Write]) -> list[Stored]:
     """Stored signals without any write."""
     written = {w.signal_id for w in writes}
@@ -127,6 +161,64 @@ def overlaps(writes: Iterable[Write]) -> list[Overlap]:
             for c in token_clashes(sightings)
             if c.shared
         )
+    return out
+
+
+def interleaved(writes: Iterable[Write]) -> list[Interleaved]:
+    """Per thread, in commit order: each write of a run that wrote before another
+    run's write that came after it (the run's writes are not contiguous)."""
+    out: list[Interleaved] = []
+    last: dict[tuple[str, str], Write] = {}
+    done: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for w in sorted(writes, key=lambda w: w.order):
+        thread = (w.namespace, w.thread)
+        before = last.get(thread)
+        if before is not None and before.run_id != w.run_id:
+            done[thread].add(before.run_id)
+            if w.run_id in done[thread]:
+                out.append(Interleaved(before, w))
+        last[thread] = w
+    return out
+
+
+def checkpoint_writes(checkpoints: Iterable[Checkpoint]) -> list[Write]:
+    """Each checkpoint as a write of its run, ``order`` its place in the history."""
+    return [
+        Write(i, c.namespace, c.thread, c.token, c.run_id, c.signal_id, c.worker, 0)
+        for i, c in enumerate(checkpoints, 1)
+    ]
+
+
+def forks(checkpoints: Iterable[Checkpoint]) -> int:
+    """Checkpoints whose parent is not the checkpoint before them in their thread's history."""
+    n = 0
+    previous: dict[tuple[str, str], str] = {}
+    for c in checkpoints:
+        thread = (c.namespace, c.thread)
+        if thread in previous and c.parent_id != previous[thread]:
+            n += 1
+        previous[thread] = c.checkpoint_id
+    return n
+
+
+def answers(stored: Iterable[Stored], states: Iterable[FinalState]) -> list[str]:
+    """Final states where a stored signal was not applied and answered exactly once,
+    or any signal (stored or of an unknown outcome) more than once."""
+    by_thread = {(f.namespace, f.thread): f for f in states}
+    out: list[str] = []
+    owed: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for s in stored:
+        owed[(s.namespace, s.thread)].add(s.signal_id)
+    for thread in sorted(set(owed) | set(by_thread)):
+        final = by_thread.get(thread, FinalState(*thread, {}, {}))
+        for sid in sorted(owed[thread] | set(final.asked) | set(final.answered)):
+            asked, answered = final.asked.get(sid, 0), final.answered.get(sid, 0)
+            if asked > 1 or answered > 1 or (sid in owed[thread] and (asked, answered) != (1, 1)):
+                out.append(
+                    f"answers on {thread[0]}/{thread[1]}: {sid} applied {asked} and answered "
+                    f"{answered} times in the final state"
+                    + ("" if sid in owed[thread] else " (its send did not return)")
+                )
     return out
 
 
@@ -260,6 +352,13 @@ class ThreadReport:
     # stale owner's item after its successor's first (a lower token after a higher).
     stale_output: list[str] = field(default_factory=list)
     outputs: int = 0
+    interleaved: list[Interleaved] = field(default_factory=list)
+    # The LangGraph workload: its checkpoint histories, judged as writes, and its final states.
+    checkpoints: int = 0
+    history_overlaps: list[Overlap] = field(default_factory=list)
+    history_reordered: list[Reordered] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    forks: int = 0
 
     @property
     def violations(self) -> int:
@@ -270,16 +369,28 @@ class ThreadReport:
             + len(self.misrouted)
             + len(self.looped)
             + len(self.stale_output)
+            + len(self.interleaved)
+            + len(self.history_overlaps)
+            + len(self.history_reordered)
+            + len(self.answers)
         )
 
     def counts(self) -> dict[str, int]:
-        return {
+        counts = {
             "lost": len(self.lost),
             "overlaps": len(self.overlaps),
             "order": len(self.reordered),
             "misrouted": len(self.misrouted),
             "looped": len(self.looped),
-        } | ({"stale output": len(self.stale_output)} if self.outputs else {})
+            "interleaved": len(self.interleaved),
+        }
+        if self.outputs:
+            counts["stale output"] = len(self.stale_output)
+        if self.checkpoints or self.answers:
+            counts["checkpoint overlaps"] = len(self.history_overlaps)
+            counts["checkpoint order"] = len(self.history_reordered)
+            counts["not answered once"] = len(self.answers)
+        return counts
 
     def describe(self, limit: int = 5) -> list[str]:
         """One line per violation (at most ``limit`` of each kind)."""
@@ -299,6 +410,10 @@ class ThreadReport:
             for sid, n in list(self.looped.items())[:limit]
         ]
         lines += self.stale_output[:limit]
+        lines += [i.describe() for i in self.interleaved[:limit]]
+        lines += [f"checkpoint {o.describe()}" for o in self.history_overlaps[:limit]]
+        lines += [f"checkpoint {r.describe()}" for r in self.history_reordered[:limit]]
+        lines += self.answers[:limit]
         return lines
 
 
@@ -335,14 +450,19 @@ def check(
     faults: Sequence[Fault] = (),
     handed: Mapping[str, int] | None = None,
     outputs: Sequence[OutputSeen] = (),
+    checkpoints: Sequence[Checkpoint] = (),
+    states: Sequence[FinalState] = (),
 ) -> ThreadReport:
     """Every check on one run's evidence; takeover delays after the ``owner-kill`` faults.
 
     Poison signals are never written: they are judged only by how many times they
     were ``handed`` to a handler (see :func:`looped`); the signals after one must
-    still be written, in order (a loop on it would stall them).
+    still be written, in order (a loop on it would stall them). ``checkpoints``
+    and ``states`` (the LangGraph workload, which sends no poison) are judged
+    when given.
     """
     kills = [f for f in faults if f.kind == "owner-kill"]
+    history = checkpoint_writes(checkpoints)
     poisoned = len({s.signal_id for s in stored if s.poison})
     stored = [s for s in stored if not s.poison]
     return ThreadReport(
@@ -360,4 +480,10 @@ def check(
         looped=looped(handed or {}),
         stale_output=stale_outputs(outputs),
         outputs=len(outputs),
+        interleaved=interleaved(writes) + interleaved(history),
+        checkpoints=len(checkpoints),
+        history_overlaps=overlaps(history),
+        history_reordered=order_violations(stored, history),
+        answers=answers(stored, states) if states else [],
+        forks=forks(checkpoints),
     )

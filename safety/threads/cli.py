@@ -12,6 +12,7 @@ from typing import Any
 from .controls import CONTROLS
 from .runner import (
     BACKENDS,
+    WORKLOADS,
     ThreadRunConfig,
     ThreadRunResult,
     check_dir,
@@ -31,12 +32,27 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "(exit 1 if one is not caught), or --control NAME alone.",
     )
     p.add_argument("--backend", choices=BACKENDS, required=True)
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="runtime",
+        help="langgraph: each thread runs a graph on a fenced saver (a SQLite file; "
+        "PostgreSQL on --backend postgres) and every thread's checkpoints are checked",
+    )
     p.add_argument("--duration", type=float, default=None, help="seconds of sending")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--ttl-ms", type=int, default=1000)
     p.add_argument("--fault-gap", type=float, nargs=2, default=(0.5, 1.5), metavar=("LO", "HI"))
+    p.add_argument(
+        "--send-gap",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("LO", "HI"),
+        help="ms between a worker's sends (default 5 40; 100 400 for langgraph)",
+    )
     p.add_argument("--no-faults", action="store_true")
     p.add_argument(
         "--output", action="store_true", help="runtimes keep output; check every thread's"
@@ -69,6 +85,7 @@ def cmd_threads(ns: argparse.Namespace) -> int:
         "workdir": ns.workdir,
         "cold_start": not ns.warm_start,
         "output": ns.output,
+        "workload": ns.workload,
     }
     if ns.duration is not None:
         common["duration_s"] = ns.duration
@@ -77,7 +94,8 @@ def cmd_threads(ns: argparse.Namespace) -> int:
         report = check_dir(Path(ns.recheck), rc)
         counts = ", ".join(f"{v} {k}" for k, v in report.counts().items())
         print(
-            f"{report.signals} signals, {report.writes} writes; {counts}; "
+            f"{report.signals} signals, {report.writes} writes, {report.checkpoints} "
+            f"checkpoints ({report.forks} forks); {counts}; "
             f"{len(report.duplicates)} duplicated signals; takeover after owner kill "
             f"p50/p99/max {spread(report.takeover_ms)} ms ({len(report.takeover_ms)}), "
             f"with no other fault during it {spread(report.takeover_isolated_ms)} ms "
@@ -104,6 +122,7 @@ def cmd_threads(ns: argparse.Namespace) -> int:
         faults=not ns.no_faults,
         fault_kinds=ns.kinds,
         fault_gap_s=tuple(ns.fault_gap),
+        send_gap_ms=tuple(ns.send_gap) if ns.send_gap else None,
         **common,
     )
     res = asyncio.run(run_threads(rc))

@@ -12,6 +12,10 @@
   write from a lower token after a higher one is a real overlap, never the
   artefact of a pause between the check and the write.
 - **Faults**: one JSON line per injected fault (``faults.jsonl``), by the runner.
+- **Checkpoints** (the LangGraph workload): every thread's checkpoint history as
+  LangGraph orders it, one JSON line per checkpoint (``checkpoints.jsonl``), and
+  each thread's final state (``states.jsonl``), read from the saver after the run
+  (:mod:`safety.threads.graph`).
 
 Every time is ``time.monotonic_ns()``: one host, one timeline for all processes.
 """
@@ -30,13 +34,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 __all__ = [
+    "Checkpoint",
     "Fault",
+    "FinalState",
     "Sink",
     "Stored",
     "StoredLog",
     "Write",
+    "load_checkpoints",
     "load_faults",
     "load_handed",
+    "load_states",
     "load_stored",
     "load_writes",
 ]
@@ -243,3 +251,37 @@ class OutputSeen:
 
 def load_outputs(path: Path) -> list[OutputSeen]:
     return [OutputSeen(**row) for row in _lines(path)] if path.exists() else []
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One checkpoint of a thread's history, as the saver stores it: its metadata's
+    fencing token, signal (LangGraph's ``run_id``), tenure run and worker."""
+
+    namespace: str
+    thread: str
+    checkpoint_id: str
+    parent_id: str | None
+    token: int | None
+    signal_id: str
+    run_id: str
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class FinalState:
+    """A thread's final graph state: signal id -> times its input was applied
+    (``asked``) and times it was answered (``answered``)."""
+
+    namespace: str
+    thread: str
+    asked: dict[str, int]
+    answered: dict[str, int]
+
+
+def load_checkpoints(path: Path) -> list[Checkpoint]:
+    return [Checkpoint(**row) for row in _lines(path)] if path.exists() else []
+
+
+def load_states(path: Path) -> list[FinalState]:
+    return [FinalState(**row) for row in _lines(path)] if path.exists() else []

@@ -47,9 +47,11 @@ from .evidence import (
     Fault,
     OutputSeen,
     Sink,
+    load_checkpoints,
     load_faults,
     load_handed,
     load_outputs,
+    load_states,
     load_stored,
     load_writes,
 )
@@ -58,6 +60,7 @@ from .worker import WorkerConfig, config_json
 __all__ = [
     "BACKENDS",
     "KINDS",
+    "WORKLOADS",
     "ThreadRunConfig",
     "ThreadRunResult",
     "check_dir",
@@ -69,6 +72,11 @@ __all__ = [
 ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER_FAILED = 70  # a worker's exit status when its main task raised (worker.py)
 BACKENDS = ("sqlite", "redis", "postgres")
+# "runtime": handlers write each signal to the recording sink. "langgraph": each
+# thread runs a graph through graph_handler on a fenced saver (a SQLite file, or
+# the private PostgreSQL on the postgres backend), then writes the sink; the
+# checkpoint histories and final states are read back and judged too.
+WORKLOADS = ("runtime", "langgraph")
 KINDS: dict[str, list[str]] = {
     "sqlite": ["owner-kill", "owner-kill", "owner-pause", "owner-pause", "sender-kill"],
     "redis": [
@@ -109,8 +117,12 @@ class ThreadRunConfig:
     faults: bool = True
     fault_kinds: list[str] | None = None  # None: every kind of the backend
     fault_gap_s: tuple[float, float] = (0.5, 1.5)
-    heal_s: float | None = None  # None: 5 s + 3 TTLs
-    send_gap_ms: tuple[float, float] = (5.0, 40.0)
+    heal_s: float | None = None  # None: 5 s + 3 TTLs (20 s + 3 TTLs for langgraph)
+    # None: 5-40 ms; 100-400 ms for the langgraph workload, whose signals cost
+    # three checkpoints and a graph each: sent faster than the loaded machine runs
+    # them (40-160 ms was), a thread's backlog grows, and each owner lost spends a
+    # delivery of every signal it had taken, so five losses drop them (SAFETY.md).
+    send_gap_ms: tuple[float, float] | None = None
     # Every n-th signal of a worker is poison (0: none): its handler lets out a
     # CancelledError tenure did not cause, every time (see checker.looped).
     poison_every: int = 40
@@ -122,6 +134,23 @@ class ThreadRunConfig:
     # The runtimes keep output (replies): each handled signal appends an item, and
     # after the run every thread's output is read and checked (checker.stale_outputs).
     output: bool = False
+    workload: str = "runtime"
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
+        if self.workload == "langgraph":
+            self.poison_every = 0  # the graph has no poison path
+
+    def send_gap(self) -> tuple[float, float]:
+        if self.send_gap_ms is not None:
+            return self.send_gap_ms
+        return (100.0, 400.0) if self.workload == "langgraph" else (5.0, 40.0)
+
+    def heal_limit(self) -> float:
+        if self.heal_s is not None:
+            return self.heal_s
+        return (20 if self.workload == "langgraph" else 5) + 3 * self.ttl_ms / 1000
 
     def thread_list(self) -> list[list[str]]:
         if self.control == "collide":
@@ -168,11 +197,17 @@ class ThreadRunResult:
         )
         counts = r.counts()
         verdict = ", ".join(f"{v} {k}" for k, v in counts.items())
+        graph = (
+            f"{r.checkpoints} checkpoints read back ({r.forks} forks); "
+            if c.workload == "langgraph"
+            else ""
+        )
         return (
-            f"{c.backend}{f' [control {c.control}]' if c.control else ''}: {r.signals} signals, "
+            f"{c.backend}{' [langgraph]' if c.workload == 'langgraph' else ''}"
+            f"{f' [control {c.control}]' if c.control else ''}: {r.signals} signals, "
             f"{r.writes} writes, {self.workers_started} worker processes, "
             f"{len(c.thread_list())} threads, TTL {c.ttl_ms} ms; {n_faults} faults ({kinds}); "
-            f"{verdict}; {f'{r.outputs} output items read; ' if r.outputs else ''}duplicates: {dup_signals} signals written twice or more "
+            f"{verdict}; {graph}{f'{r.outputs} output items read; ' if r.outputs else ''}duplicates: {dup_signals} signals written twice or more "
             f"(+{dup_extra} writes); {r.untokened} writes without a token; {takeover}; "
             + (
                 f"drained {self.drained_s:.1f} s after healing"
@@ -192,10 +227,13 @@ def spread(xs: list[float]) -> str:
 class Pool:
     """Worker processes by slot; a killed worker's slot gets a fresh one."""
 
-    def __init__(self, rc: ThreadRunConfig, workdir: Path, urls: list[str]) -> None:
+    def __init__(
+        self, rc: ThreadRunConfig, workdir: Path, urls: list[str], checkpoints: list[str]
+    ) -> None:
         self.rc = rc
         self.workdir = workdir
         self.urls = urls
+        self.checkpoints = checkpoints
         self.rnd = random.Random(rc.seed * 7919)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.slot_of: dict[str, int] = {}
@@ -212,10 +250,12 @@ class Pool:
             seed=self.rnd.randrange(2**32),
             ttl_ms=self.rc.ttl_ms,
             threads=self.rc.thread_list(),
-            send_gap_ms=list(self.rc.send_gap_ms),
+            send_gap_ms=list(self.rc.send_gap()),
             control=self.rc.control,
             poison_every=self.rc.poison_every,
             output=self.rc.output,
+            workload=self.rc.workload,
+            checkpoints=self.checkpoints[slot] if self.checkpoints else None,
         )
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         with (self.workdir / f"{name}.stderr").open("wb") as err:
@@ -279,6 +319,10 @@ class Env:
     def proxy(self, slot: int) -> Proxy | None:
         return None
 
+    async def checkpoints(self, workdir: Path, rc: ThreadRunConfig) -> list[str]:
+        """Where each worker slot's LangGraph saver writes: a SQLite file next to the evidence."""
+        return [str(workdir / "checkpoints.db")] * rc.workers
+
     async def restart(self) -> None:
         raise NotImplementedError
 
@@ -341,6 +385,20 @@ class PostgresEnv(ServerEnv):
         # renew interval, as the runtime's renewer expects of a short TTL.
         opts = f"schema=thr{rc.seed}x{os.getpid()}&call_timeout={max(0.2, rc.ttl_ms / 4000)}"
         return [f"postgresql://postgres@127.0.0.1:{p.port}/postgres?{opts}" for p in self.proxies]
+
+    async def checkpoints(self, workdir: Path, rc: ThreadRunConfig) -> list[str]:
+        """The private server, through each slot's proxy (its faults hit the saver too)."""
+        import psycopg
+
+        from .graph import postgres_url
+
+        schema = f"lg{rc.seed}x{os.getpid()}"
+        async with await psycopg.AsyncConnection.connect(self.server.url, autocommit=True) as conn:
+            await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        return [
+            postgres_url(f"postgresql://postgres@127.0.0.1:{p.port}/postgres", schema)
+            for p in self.proxies
+        ]
 
 
 async def _past_quarantine(url: str) -> None:
@@ -527,7 +585,9 @@ def check_dir(workdir: Path, rc: ThreadRunConfig) -> ThreadReport:
     writes = load_writes(workdir / "sink.db")
     faults = load_faults(workdir / "faults.jsonl")
     outputs = load_outputs(workdir / "outputs.jsonl")
-    return check(stored, writes, faults, load_handed(workdir), outputs)
+    checkpoints = load_checkpoints(workdir / "checkpoints.jsonl")
+    states = load_states(workdir / "states.jsonl")
+    return check(stored, writes, faults, load_handed(workdir), outputs, checkpoints, states)
 
 
 async def read_outputs(url: str, rc: ThreadRunConfig, path: Path) -> None:
@@ -573,7 +633,13 @@ async def run_threads(rc: ThreadRunConfig) -> ThreadRunResult:
     rnd = random.Random(rc.seed)
     env: Env = {"sqlite": SqliteEnv, "redis": RedisEnv, "postgres": PostgresEnv}[rc.backend]()
     urls = await env.start(workdir, rc)
-    pool = Pool(rc, workdir, urls)
+    checkpoints: list[str] = []
+    if rc.workload == "langgraph":
+        from .graph import setup
+
+        checkpoints = await env.checkpoints(workdir, rc)
+        await setup(checkpoints[0])
+    pool = Pool(rc, workdir, urls, checkpoints)
     injector = Injector(rc, rnd, pool, env, workdir)
     drained: float | None = None
     try:
@@ -587,7 +653,7 @@ async def run_threads(rc: ThreadRunConfig) -> ThreadRunResult:
             await asyncio.sleep(rc.duration_s)
         await injector.heal()
         healed = time.monotonic()
-        heal_s = rc.heal_s if rc.heal_s is not None else 5 + 3 * rc.ttl_ms / 1000
+        heal_s = rc.heal_limit()
         at_least = rc.ttl_ms / 1000 + rc.sweep_s + 1
         while True:
             now = time.monotonic()
@@ -600,6 +666,10 @@ async def run_threads(rc: ThreadRunConfig) -> ThreadRunResult:
         await pool.stop_all(30)
         if rc.output:
             await read_outputs(urls[0], rc, workdir / "outputs.jsonl")
+        if checkpoints:
+            from .graph import read_history
+
+            await read_history(checkpoints[0], rc.thread_list(), workdir)
     finally:
         with contextlib.suppress(Exception):
             await injector.heal()

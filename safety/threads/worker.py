@@ -52,6 +52,10 @@ class WorkerConfig:
     # Every n-th signal a worker sends is poison (0: none); see Stored.poison.
     poison_every: int = 0
     output: bool = False  # runtimes keep output: each handled signal appends an item
+    # "runtime": the handler writes each signal to the sink; "langgraph": it runs a
+    # graph on a fenced saver at ``checkpoints`` (safety.threads.graph), then writes it.
+    workload: str = "runtime"
+    checkpoints: str | None = None
 
 
 def config_json(cfg: WorkerConfig) -> str:
@@ -78,6 +82,7 @@ class Worker:
         self.kill_after_send = False
         self.runtimes: dict[str, Any] = {}
         self.backend: Any = None
+        self.stack = contextlib.AsyncExitStack()
 
     def _handler(self, namespace: str) -> Any:
         from tenure import BackendUnavailable, LeaseLost, ThreadRun
@@ -112,16 +117,31 @@ class Worker:
 
         return handle
 
+    async def _handlers(self, namespaces: list[str]) -> dict[str, Any]:
+        if self.cfg.workload == "runtime":
+            return {ns: self._handler(ns) for ns in namespaces}
+        from . import graph
+
+        assert self.cfg.checkpoints is not None, "the langgraph workload needs checkpoints"
+        saver = await self.stack.enter_async_context(graph.open_saver(self.cfg.checkpoints))
+        agent = graph.build_graph(saver, self.rnd, self.cfg.work_ms)
+        return {
+            ns: graph.recording_handler(graph.RecordingGraph(agent, self.sink, ns, self.cfg.name))
+            for ns in namespaces
+        }
+
     async def start(self) -> None:
         import tenure
         from tenure.runtime import Retention
 
         self.backend = tenure.from_url(self.cfg.url)
         controls.apply_to_backend(self.cfg.control, self.backend)
-        for i, ns in enumerate(sorted({ns for ns, _ in self.cfg.threads})):
+        namespaces = sorted({ns for ns, _ in self.cfg.threads})
+        handlers = await self._handlers(namespaces)
+        for i, ns in enumerate(namespaces):
             rt = tenure.ThreadRuntime(
                 self.backend,
-                self._handler(ns),
+                handlers[ns],
                 ttl_ms=self.cfg.ttl_ms,
                 process_id=f"{self.cfg.name}.{i}",
                 namespace=ns,
@@ -151,7 +171,7 @@ class Worker:
             n += 1
             sid = f"{self.cfg.name}.{n}"
             poison = self.cfg.poison_every > 0 and n % self.cfg.poison_every == 0
-            payload = {"sender": self.cfg.name, "seq": seq[(ns, key)], "poison": poison}
+            payload = {"sid": sid, "sender": self.cfg.name, "seq": seq[(ns, key)], "poison": poison}
             outcome = None
             while outcome is None and time.monotonic_ns() < give_up_ns:
                 try:
@@ -210,6 +230,9 @@ class Worker:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(5):
                 await self.backend.aclose()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5):
+                await self.stack.aclose()
         self.sink.close()
         self.log.close()
         self.handed.close()

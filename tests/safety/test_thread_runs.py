@@ -19,8 +19,12 @@ import pytest
 
 from safety.threads.checker import (
     LOOP_BOUND,
+    answers,
     check,
+    checkpoint_writes,
     duplicates,
+    forks,
+    interleaved,
     lost_signals,
     misrouted,
     order_violations,
@@ -29,7 +33,7 @@ from safety.threads.checker import (
     takeover_delays,
 )
 from safety.threads.controls import CONTROLS
-from safety.threads.evidence import Fault, Stored, Write
+from safety.threads.evidence import Checkpoint, Fault, FinalState, Stored, Write
 from safety.threads.runner import ThreadRunConfig, ThreadRunResult, control_config, run_threads
 
 MS = 1_000_000
@@ -111,6 +115,112 @@ def test_two_runs_writing_one_token_is_an_overlap() -> None:
 def test_writes_without_a_token_are_not_judged_as_overlaps() -> None:
     assert overlaps([wrote(1, "a", 5), wrote(2, "b", None)]) == []
     assert check([sent("a", 1)], [wrote(1, "a", None)]).untokened == 1
+
+
+# -- interleaved -----------------------------------------------------------------
+
+
+def test_a_run_writing_again_after_another_runs_write_is_interleaved() -> None:
+    writes = [wrote(1, "a", 5), wrote(2, "b", 6), wrote(3, "c", 5), wrote(4, "d", 6)]
+    found = interleaved(writes)
+    assert [(i.other.order, i.again.order) for i in found] == [(2, 3), (3, 4)]
+    assert "interleaved on app/t: run r5" in found[0].describe()
+
+
+def test_contiguous_runs_per_thread_are_not_interleaved() -> None:
+    writes = [
+        wrote(1, "a", 5),
+        wrote(2, "x", 9, thread="u"),
+        wrote(3, "b", 5),
+        wrote(4, "c", 6),
+        wrote(5, "y", 3, thread="u"),  # another thread: its runs are its own
+        wrote(6, "d", 6),
+    ]
+    assert interleaved(writes) == []
+
+
+# -- checkpoint histories (the LangGraph workload) --------------------------------
+
+
+def cp(n: int, sid: str, token: int | None, run: str = "", parent: int | None = -1) -> Checkpoint:
+    """The ``n``-th checkpoint of thread app/t; its parent the one before (``-1``)."""
+    up = n - 1 if parent == -1 else parent
+    return Checkpoint(
+        "app", "t", f"c{n:03}", None if not up else f"c{up:03}", token, sid, run or f"r{token}", "w"
+    )
+
+
+def final(asked: dict[str, int], answered: dict[str, int]) -> list[FinalState]:
+    return [FinalState("app", "t", asked, answered)]
+
+
+def test_a_clean_checkpoint_history_passes() -> None:
+    history = [cp(1, "a", 1), cp(2, "a", 1), cp(3, "b", 2), cp(4, "b", 2)]
+    report = check(
+        [sent("a", 1), sent("b", 2)],
+        [wrote(1, "a", 1), wrote(2, "b", 2)],
+        checkpoints=history,
+        states=final({"a": 1, "b": 1}, {"a": 1, "b": 1}),
+    )
+    assert report.violations == 0, report.describe()
+    assert report.checkpoints == 4 and report.forks == 0
+    assert report.counts()["not answered once"] == 0
+
+
+def test_a_token_going_back_in_a_checkpoint_history_is_caught() -> None:
+    # A stale run's checkpoint after its successor's: backwards, and interleaved.
+    history = [cp(1, "a", 1), cp(2, "b", 2), cp(3, "a", 1)]
+    report = check(
+        [sent("a", 1), sent("b", 2)],
+        [wrote(1, "a", 1), wrote(2, "b", 2)],
+        checkpoints=history,
+        states=final({"a": 1, "b": 1}, {"a": 1, "b": 1}),
+    )
+    assert report.counts()["checkpoint overlaps"] == 1
+    assert report.counts()["interleaved"] == 1
+    assert report.violations == 2
+    assert report.describe()[0].startswith("interleaved on app/t: run r1")
+    assert report.describe()[1].startswith("checkpoint overlap on app/t: run r1 (token 1")
+
+
+def test_two_runs_interleaved_in_a_checkpoint_history_are_caught() -> None:
+    # One token, two runs taking turns: no token goes back, the runs interleave
+    # (and share the token).
+    history = [cp(1, "a", 3, "x"), cp(2, "a", 3, "y"), cp(3, "a", 3, "x")]
+    report = check([sent("a", 1)], [wrote(1, "a", 3)], checkpoints=history)
+    assert len(report.interleaved) == 1
+    assert all(o.shared for o in report.history_overlaps) and report.history_overlaps
+
+
+def test_checkpoint_writes_keep_the_history_order() -> None:
+    writes = checkpoint_writes([cp(1, "a", 1), cp(2, "b", 2)])
+    assert [(w.order, w.signal_id, w.token, w.run_id) for w in writes] == [
+        (1, "a", 1, "r1"),
+        (2, "b", 2, "r2"),
+    ]
+
+
+def test_a_checkpoint_off_the_previous_one_is_a_fork() -> None:
+    # c3 was written on c1: c2 (a stale run's, landed before c3) is off the chain.
+    assert forks([cp(1, "a", 1), cp(2, "a", 1), cp(3, "a", 2, parent=1)]) == 1
+    assert forks([cp(1, "a", 1), cp(2, "a", 1)]) == 0
+
+
+def test_a_message_not_answered_exactly_once_is_caught() -> None:
+    stored = [sent("a", 1), sent("b", 2), sent("c", 3)]
+    found = answers(
+        stored, final({"a": 2, "b": 1, "x": 2}, {"a": 2, "b": 0, "x": 1})
+    )  # c: never applied
+    assert found == [
+        "answers on app/t: a applied 2 and answered 2 times in the final state",
+        "answers on app/t: b applied 1 and answered 0 times in the final state",
+        "answers on app/t: c applied 0 and answered 0 times in the final state",
+        "answers on app/t: x applied 2 and answered 1 times in the final state "
+        "(its send did not return)",
+    ]
+    assert answers(stored, final({"a": 1, "b": 1, "c": 1}, {"a": 1, "b": 1, "c": 1})) == []
+    # A thread whose state is missing answers nothing.
+    assert len(answers(stored, [FinalState("app", "u", {}, {})])) == 3
 
 
 # -- order -----------------------------------------------------------------------
@@ -207,7 +317,14 @@ def test_a_clean_history_has_no_violation() -> None:
     report = check(stored, writes)
     assert report.violations == 0
     assert report.describe() == []
-    assert report.counts() == {"lost": 0, "overlaps": 0, "order": 0, "misrouted": 0, "looped": 0}
+    assert report.counts() == {
+        "lost": 0,
+        "overlaps": 0,
+        "order": 0,
+        "misrouted": 0,
+        "looped": 0,
+        "interleaved": 0,
+    }
 
 
 def test_a_poison_signal_is_judged_by_its_handings_not_as_lost() -> None:
