@@ -144,6 +144,13 @@ async def delete_thread(saver: Any, thread_id: str) -> None:
         await saver.adelete_thread(thread_id)
 
 
+async def claim_thread(saver: Any, thread_id: str) -> None:
+    if is_sync(saver):
+        saver.claim_thread(thread_id)
+    else:
+        await saver.aclaim_thread(thread_id)
+
+
 async def prune(saver: Any, thread_ids: list[str], strategy: str) -> None:
     if is_sync(saver):
         saver.prune(thread_ids, strategy=strategy)

@@ -28,6 +28,7 @@ from tests.postgres.helpers import drop_schema, new_schema
 from .langgraph_support import (
     KINDS,
     checkpoint,
+    claim_thread,
     config,
     create_schema,
     delete_thread,
@@ -89,6 +90,25 @@ async def test_a_lower_token_is_refused_and_nothing_of_the_write_is_kept(saver: 
     assert (await latest(saver, "t")).pending_writes == []
     # The token reaches the checkpoint's metadata: the stored history shows who wrote it.
     assert [t.metadata["fencing_token"] for t in stored] == [7, 5, 5]
+
+
+@pytest.mark.asyncio
+async def test_a_claim_fences_a_thread_before_its_owner_writes(saver: Any) -> None:
+    """A new owner's claim, before it has written anything, refuses the stale
+    owner's checkpoint that would otherwise land after the new owner's read."""
+    await put(saver, config("t", 5), checkpoint("a"))
+    with fencing_token(7):
+        await claim_thread(saver, "t")
+    with pytest.raises(FenceRefused) as refused:
+        await put(saver, config("t", 5), checkpoint("stale"))
+    assert (refused.value.token, refused.value.highest) == (5, 7)
+    await put(saver, config("t", 7), checkpoint("b"))
+    with fencing_token(6), pytest.raises(FenceRefused):
+        await claim_thread(saver, "t")
+    with pytest.raises(FenceRefused, match="no fencing token"):
+        await claim_thread(saver, "t")
+    stored = await history(saver, "t")
+    assert [t.checkpoint["channel_values"].get("value") for t in stored] == ["b", "a"]
 
 
 @pytest.mark.asyncio

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import pytest_asyncio
@@ -139,6 +139,48 @@ async def test_rollback_removes_the_interrupted_runs_checkpoints(
         assert ("human", "slow one") in messages(state)
         assert busy_checkpoints
     assert agent._interrupted == {}  # nothing kept for a rollback that never comes
+
+
+class _ReadRecorder(FencedAsyncSqliteSaver):
+    """Notes the fence's token for a thread each time the graph reads its state."""
+
+    seen: list[int | None]
+
+    async def aget_tuple(self, config: Any) -> Any:
+        key = str(config["configurable"]["thread_id"]).encode()
+        rows = await self._raw_conn.execute_fetchall(
+            "SELECT token FROM tenure_fence WHERE key = ?", (key,)
+        )
+        self.seen.append(int(next(iter(rows))[0]) if rows else None)
+        return await super().aget_tuple(config)
+
+
+@pytest.mark.asyncio
+async def test_each_run_fences_the_thread_before_the_graph_reads_it(
+    tmp_path: Path, backend: Any
+) -> None:
+    """Before a run's graph reads the thread's state, the fence already holds the
+    run's token: a stale owner's checkpoint cannot land between that read and
+    the run's first write (which would fork the thread's history)."""
+    async with _ReadRecorder.from_conn_string(str(tmp_path / "cp.db")) as opened:
+        saver = cast(_ReadRecorder, opened)
+        saver.seen = []
+        await saver.setup()
+        with fencing_token(1):  # an older owner held the thread
+            await saver.aclaim_thread(THREAD)
+        tokens: list[int | None] = []
+        agent = graph_handler(build_agent(saver))
+
+        async def handler(run: tenure.ThreadRun) -> None:
+            tokens.append(run.token)
+            saver.seen.clear()
+            await agent(run)
+
+        async with ThreadRuntime(backend, handler, output=True, idle_timeout=0.2) as runtime:
+            sent = await runtime.send_signal(THREAD, {"messages": [("user", "hello")]})
+            await runtime.wait_reply(sent, timeout=30)
+        assert tokens and tokens[-1] is not None and tokens[-1] > 1
+        assert saver.seen and saver.seen[0] == tokens[-1]
 
 
 @pytest.mark.asyncio

@@ -135,6 +135,7 @@ WRITES: dict[str, Locate | None] = {
     "put_writes": _of_config,
     "delete_thread": _of_thread,
     "delete_for_run": _of_thread,
+    "claim_thread": _of_thread,
     "copy_thread": _of_target,
     "prune": _of_threads,
     "delete_for_runs": None,

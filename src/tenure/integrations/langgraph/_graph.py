@@ -164,6 +164,7 @@ class GraphHandler:
     async def __call__(self, run: ThreadRun) -> None:
         # A rollback comes before the thread's next run, or never (an interrupt).
         self._interrupted.pop(run.thread_key, None)
+        await self._claim(run)
         async for signal in run.signals():
             try:
                 await self._stream(run, signal)
@@ -171,6 +172,15 @@ class GraphHandler:
                 if run.interrupted:
                     self._interrupted[run.thread_key] = (run.run_id, signal.id, run.token)
                 raise
+
+    async def _claim(self, run: ThreadRun) -> None:
+        """Fence the thread with the run's token before the graph reads its state, so
+        a stale owner's checkpoint cannot land between that read and the run's
+        first write (a fenced saver's ``aclaim_thread``; other savers have none)."""
+        claim = getattr(self.graph.checkpointer, "aclaim_thread", None)
+        if claim is not None:
+            with fencing_token(run.token):
+                await claim(run.thread_key)
 
     async def _stream(self, run: ThreadRun, signal: Signal) -> None:
         modes = list(dict.fromkeys((*self.stream_mode, "updates")))

@@ -128,6 +128,19 @@ class FencedAsyncPostgresSaver(AsyncPostgresSaver):
                     await self.fence.acheck(cur.connection, key, pending.token)
                 pending.checked = True
 
+    async def aclaim_thread(self, thread_id: str) -> None:
+        """Record the current token (:func:`~tenure.integrations.langgraph.fencing_token`)
+        as the highest that has written ``thread_id``, writing nothing else, or
+        raise :class:`~tenure.fencing.FenceRefused` if a higher one has.
+
+        A new owner calls it before it reads the thread's state: from then on a
+        stale owner's writes are refused, even before the new owner's first
+        checkpoint (else one written between that read and that checkpoint
+        would fork the thread's history). :func:`graph_handler` calls it at
+        the start of every run."""
+        async with self._cursor(pipeline=True):
+            pass  # the pending fence's check, in a pipeline of its own
+
     async def adelete_for_run(self, thread_id: str, run_id: str) -> None:
         """Delete the checkpoints of ``thread_id`` whose metadata ``run_id`` is
         ``run_id``, with their writes and the blobs no other checkpoint uses:
@@ -198,6 +211,11 @@ class FencedPostgresSaver(PostgresSaver):
                 for key in pending.keys:
                     self.fence.check(cur.connection, key, pending.token)
                 pending.checked = True
+
+    def claim_thread(self, thread_id: str) -> None:
+        """As :meth:`FencedAsyncPostgresSaver.aclaim_thread`."""
+        with self._cursor(pipeline=True):
+            pass  # the pending fence's check, in a pipeline of its own
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         keys = _prune_keys(thread_ids)

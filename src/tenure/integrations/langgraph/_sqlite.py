@@ -123,6 +123,20 @@ class FencedAsyncSqliteSaver(AsyncSqliteSaver):
                     await self.fence.asetup(self._raw_conn)
                 self._fence_ready = True
 
+    async def aclaim_thread(self, thread_id: str) -> None:
+        """Record the current token (:func:`~tenure.integrations.langgraph.fencing_token`)
+        as the highest that has written ``thread_id``, writing nothing else, or
+        raise :class:`~tenure.fencing.FenceRefused` if a higher one has.
+
+        A new owner calls it before it reads the thread's state: from then on a
+        stale owner's writes are refused, even before the new owner's first
+        checkpoint (else one written between that read and that checkpoint
+        would fork the thread's history). :func:`graph_handler` calls it at
+        the start of every run."""
+        await self.setup()
+        async with self.lock:
+            await self.conn.commit()  # the pending fence's check, and its commit
+
     async def adelete_for_run(self, thread_id: str, run_id: str) -> None:
         """Delete the checkpoints of ``thread_id`` whose metadata ``run_id`` is
         ``run_id``, with their writes: ``adelete_for_runs`` within one thread, so
@@ -162,6 +176,11 @@ class FencedSqliteSaver(SqliteSaver):
             if not self._fence_ready:
                 self.fence.setup(self.conn)
                 self._fence_ready = True
+
+    def claim_thread(self, thread_id: str) -> None:
+        """As :meth:`FencedAsyncSqliteSaver.aclaim_thread`."""
+        with self.cursor():
+            pass  # the pending fence's check, and its commit
 
     @contextmanager
     def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
