@@ -8,8 +8,11 @@ another member after ``claim_idle_ms``) has taken one away, the old delivery
 settles nothing. Acknowledgements are written in batches: the entries whose
 callback returned are acknowledged together before the reader's next read
 (and before a leaving member hands the rest back), so a burst costs one round
-trip per read rather than one per entry. A process that dies in between gets
-them delivered again, as at-least-once delivery allows.
+trip per read rather than one per entry; and, by a writer beside the reader,
+once the oldest of them has waited ``_ACK_AFTER``, so that a slow callback
+(an agent's step, seconds long) does not hold back the acknowledgements of the
+entries finished before it. A process that dies in between gets them
+delivered again, as at-least-once delivery allows.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ _FENCED_RETRY = 0.1  # seconds before a read that the fence held off looks again
 _NOSCRIPT: Any = object()  # a pipelined take found lua/fenced.lua not loaded
 # Acknowledgements written by one run of the script at most.
 _ACK_BATCH = 256
+# How long an acknowledgement waits for the reader's next batch before a writer
+# beside the reader writes it (seconds): a dead member's successor runs again
+# only what was finished in the last _ACK_AFTER, not a whole read's worth.
+_ACK_AFTER = 0.05
 # Every entry a take hands a consumer counts one delivery, and a consumer that
 # dies leaves the ones it never reached counted all the same: behind one event
 # that kills its reader (or readers killed in a row), innocent entries would
@@ -91,8 +98,12 @@ class _Sub:
     task: asyncio.Task[None] | None = None
     # Set by unsubscribe: from then on the reader hands nothing to the callback.
     stopped: bool = False
-    # Entries whose callback returned, not yet acknowledged (see write_acks).
+    # Entries whose callback returned, not yet acknowledged (see write_acks), and
+    # what writes them once they waited _ACK_AFTER (see _ack_later).
     acks: list[bytes] = field(default_factory=list)
+    ack_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    ack_timer: asyncio.TimerHandle | None = None
+    ack_writer: asyncio.Task[None] | None = None
 
 
 class StreamReader(RedisParts):
@@ -376,6 +387,20 @@ class StreamReader(RedisParts):
         sub.acks.append(entry_id)
         if len(sub.acks) >= _ACK_BATCH:
             await self.write_acks(sub)
+        elif sub.ack_timer is None:
+            loop = asyncio.get_running_loop()
+            sub.ack_timer = loop.call_later(_ACK_AFTER, self._ack_later, sub)
+
+    def _ack_later(self, sub: _Sub) -> None:
+        """Write what waited ``_ACK_AFTER``, beside the reader (busy in a callback)."""
+        sub.ack_timer = None
+        if sub.acks and not sub.stopped and (sub.ack_writer is None or sub.ack_writer.done()):
+            sub.ack_writer = asyncio.get_running_loop().create_task(self._write_acks_quietly(sub))
+
+    async def _write_acks_quietly(self, sub: _Sub) -> None:
+        # A failure leaves them queued: the reader writes them before its next read.
+        with contextlib.suppress(BackendUnavailable):
+            await self.write_acks(sub)
 
     async def _record_attempt(self, sub: _Sub, entry_id: bytes, event: Event) -> bool:
         """Record the attempt about to be made in the group (and reset the idle
@@ -397,8 +422,9 @@ class StreamReader(RedisParts):
     async def write_acks(self, sub: _Sub) -> None:
         """Acknowledge the entries whose callback returned, those this consumer
         still holds, in one script; they stay queued if Redis cannot be reached."""
-        acks = sub.acks
-        while acks:
-            batch = acks[:_ACK_BATCH]
-            await self._eval(_SETTLE, (sub.stream,), (sub.group, sub.consumer, "ack", *batch))
-            del acks[: len(batch)]
+        async with sub.ack_lock:  # the reader and the writer beside it
+            acks = sub.acks
+            while acks:
+                batch = acks[:_ACK_BATCH]
+                await self._eval(_SETTLE, (sub.stream,), (sub.group, sub.consumer, "ack", *batch))
+                del acks[: len(batch)]

@@ -310,6 +310,11 @@ class RedisStreams(StreamReader, PubSub):
             task.cancel()
             await asyncio.wait([task], timeout=0.1)
         await asyncio.gather(task, return_exceptions=True)
+        if sub.ack_timer is not None:
+            sub.ack_timer.cancel()
+            sub.ack_timer = None
+        if sub.ack_writer is not None:
+            await asyncio.gather(sub.ack_writer, return_exceptions=True)
 
     async def _retire(self, sub: _Sub) -> None:
         """Remove a stopped subscription's trace: its private group, or its member.
