@@ -7,8 +7,8 @@ here (``"wake"``); otherwise the owner reads the signal from the log
 signal is admitted while a run is active and whether the owner must hear of
 it at once (on the thread's control topic, since the owner reads signals one
 at a time), and whether the send may wake an idle thread: a ``persist`` one
-only stores its signal where the thread's group is known to exist, and
-otherwise opens a session that stays asleep (see :class:`~._session.Session`).
+only stores its signal, once the thread's group is known to exist (a session
+opened and ended at once makes it), and never starts a run.
 """
 
 from __future__ import annotations
@@ -183,6 +183,11 @@ class Sender:
         give_up = time.monotonic() + NO_HOLDER_WAIT
         while True:
             started, owner = await self._sessions.try_start(thread_key, wakes=rule.wakes)
+            if started is not None and not rule.wakes:
+                # Opened only so that the thread's group exists: it ends before the
+                # signal is stored, so no reader of this process ever takes it.
+                await started.end_unstarted("wake")
+                return await self._log.publish(name, event), None
             if started is not None:
                 return await self._woke(started, self._log.publish(name, event), rule)
             if not rule.admitted_while_active and owner is not None:
@@ -220,11 +225,6 @@ class Sender:
         except BaseException:
             await self._sessions.start_woken(session, announce=True)
             raise
-        if not rule.wakes:
-            # Opened only so that the thread's group exists: it stays asleep, and
-            # shows up only if a signal that wakes the thread reaches it.
-            await self._sessions.start_woken(session, announce=True)
-            return self._delivered(session.thread_key, None, stored, rule)
         self._emit(
             "wake",
             session.thread_key,
