@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -20,26 +19,13 @@ import pytest
 from tenure import MemoryPubSub, RuntimeEvent, Signal, ThreadRun, ThreadRuntime, from_url
 from tenure.runtime._identity import is_opening
 from tenure.testing import eventually
-from tests.conftest import isolated_url
-from tests.support.servers import drop_postgres_schema
 
 from .test_policies import Blocking, of_kind
-from .test_runtime_processes import _drop_redis_prefix
 
 # Sweeps every 50 ms: a persisted signal that a sweep would run would run soon.
 FAST: dict[str, Any] = {"idle_timeout": 0.05, "sweep_interval": 0.05, "ttl_ms": 2000}
 # Long enough for several sweeps of both runtimes.
 SWEEPS = 0.6
-
-
-@pytest.fixture(params=["memory", "sqlite", "redis", "postgres"])
-def url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
-    kind: str = request.param
-    yield isolated_url(kind, unique=unique, tmp_path=tmp_path)
-    if kind == "redis":
-        _drop_redis_prefix(f"tenure-test-{unique}:")
-    elif kind == "postgres":
-        drop_postgres_schema(f"tenure_test_{unique}")
 
 
 class Backends:
@@ -90,11 +76,11 @@ async def drained(rt: ThreadRuntime, thread_key: str) -> None:
 
 @pytest.mark.asyncio
 async def test_a_persisted_signal_waits_stored_and_the_next_waking_send_runs_it_first(
-    url: str,
+    signals_url: str,
 ) -> None:
     handler = Recording()
     events: list[RuntimeEvent] = []
-    async with backends(url) as made:
+    async with backends(signals_url) as made:
         owner = ThreadRuntime(await made.new(), handler, on_event=events.append, **FAST)
         other = ThreadRuntime(await made.new(), handler, on_event=events.append, **FAST)
         async with owner, other:
@@ -124,9 +110,11 @@ async def test_a_persisted_signal_waits_stored_and_the_next_waking_send_runs_it_
 
 
 @pytest.mark.asyncio
-async def test_persisted_signals_survive_a_restart_and_run_at_the_next_wake(url: str) -> None:
+async def test_persisted_signals_survive_a_restart_and_run_at_the_next_wake(
+    signals_url: str,
+) -> None:
     handler = Recording()
-    async with backends(url) as made:
+    async with backends(signals_url) as made:
         async with ThreadRuntime(await made.new(), handler, **FAST) as before:
             kept = [await before.send_signal("t", n, policy="persist") for n in range(3)]
             await asyncio.sleep(SWEEPS)
@@ -142,9 +130,9 @@ async def test_persisted_signals_survive_a_restart_and_run_at_the_next_wake(url:
 
 
 @pytest.mark.asyncio
-async def test_a_persist_send_retried_with_its_id_stores_it_once(url: str) -> None:
+async def test_a_persist_send_retried_with_its_id_stores_it_once(signals_url: str) -> None:
     handler = Recording()
-    async with backends(url) as made:
+    async with backends(signals_url) as made:
         owner = ThreadRuntime(await made.new(), handler, **FAST)
         other = ThreadRuntime(await made.new(), handler, **FAST)
         async with owner, other:
@@ -163,10 +151,10 @@ async def test_a_persist_send_retried_with_its_id_stores_it_once(url: str) -> No
 @pytest.mark.asyncio
 @pytest.mark.parametrize("sender_is_owner", [True, False], ids=["same-runtime", "other-runtime"])
 async def test_a_signal_persisted_while_a_run_is_active_is_taken_in_order(
-    url: str, sender_is_owner: bool
+    signals_url: str, sender_is_owner: bool
 ) -> None:
     handler = Blocking()
-    async with backends(url) as made:
+    async with backends(signals_url) as made:
         owner = ThreadRuntime(await made.new(), handler, **FAST)
         other = ThreadRuntime(await made.new(), handler, **FAST)
         async with owner, other:
