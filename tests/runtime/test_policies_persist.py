@@ -11,12 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from tenure import MemoryPubSub, RuntimeEvent, Signal, ThreadRun, ThreadRuntime, from_url
+from tenure import (
+    AcquireResult,
+    Capability,
+    LeaseRecord,
+    MemoryPubSub,
+    RuntimeEvent,
+    Signal,
+    ThreadRun,
+    ThreadRuntime,
+    from_url,
+)
 from tenure.runtime._identity import is_opening
 from tenure.testing import eventually
 
@@ -169,3 +180,51 @@ async def test_a_signal_persisted_while_a_run_is_active_is_taken_in_order(
             await eventually(lambda: handler.payloads() == ["slow", "p", "q"])
             await asyncio.sleep(SWEEPS)
     assert handler.payloads() == ["slow", "p", "q"]
+
+
+class CountedLeases:
+    """The memory backend's leases, counting how often each key is granted."""
+
+    capabilities = Capability.RECORD
+
+    def __init__(self, inner: MemoryPubSub) -> None:
+        self.inner = inner
+        self.granted: Counter[str] = Counter()
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
+        result = await self.inner.acquire_lease(key, owner, ttl_ms)
+        if result.acquired:
+            self.granted[key] += 1
+        return result
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        return await self.inner.get_lease_owner(key)
+
+    async def get_lease(self, key: str) -> LeaseRecord | None:
+        return await self.inner.get_lease(key)
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        await self.inner.release_lease(key, owner)
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return await self.inner.renew_lease(key, owner, ttl_ms)
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        return await self.inner.transfer_lease(key, from_owner, to_owner, ttl_ms)
+
+
+@pytest.mark.asyncio
+async def test_the_sweep_looks_at_a_thread_left_with_persisted_signals_ever_less_often() -> None:
+    handler = Recording()
+    async with MemoryPubSub() as memory:
+        leases = CountedLeases(memory)
+        options = {**FAST, "sweep_interval": 0.02}
+        async with ThreadRuntime(memory, handler, lease_provider=leases, **options) as rt:
+            await rt.send_signal("t", "kept", policy="persist")
+            # About 50 sweeps; a look at the thread is a session, and a lease granted.
+            await asyncio.sleep(1.0)
+            looks = leases.granted[rt.topic("t")]
+            assert 2 <= looks <= 15, looks
+            assert handler.taken == []
+            await rt.send_signal("t", "wake")
+            await eventually(lambda: handler.payloads() == ["kept", "wake"])

@@ -83,6 +83,8 @@ class Session:
         self.ended = asyncio.Event()
         self._late_send = False
         self._late_wake = False  # one of the late sends wakes the thread
+        # Ended at a persisted signal without a run (nothing woke the thread).
+        self.slept = False
         self.run: ThreadRun | None = None
         self._run_task: asyncio.Task[RunEnd] | None = None
         self._main_task: asyncio.Task[None] | None = None
@@ -236,7 +238,7 @@ class Session:
                 if self.inbox.dormant:
                     # A persisted signal heads the log and nothing woke the thread:
                     # it stays stored (handed back as the session ends).
-                    self.done = True
+                    self.done = self.slept = True
                     break
                 if not self.inbox.has_work and await self._close_handshake():
                     # Decided: from here on, late deliveries are left for the next owner.
