@@ -17,17 +17,8 @@ from typing import Any
 
 import pytest
 
-from tenure import (
-    AcquireResult,
-    Capability,
-    LeaseRecord,
-    MemoryPubSub,
-    RuntimeEvent,
-    Signal,
-    ThreadRun,
-    ThreadRuntime,
-    from_url,
-)
+import tenure
+from tenure import Capability, MemoryPubSub, RuntimeEvent, Signal, ThreadRun, ThreadRuntime
 from tenure.runtime._identity import is_opening
 from tenure.testing import eventually
 
@@ -53,7 +44,7 @@ class Backends:
             if self._memory is None:
                 self._memory = await self._stack.enter_async_context(MemoryPubSub())
             return self._memory
-        return await self._stack.enter_async_context(from_url(self._url))
+        return await self._stack.enter_async_context(tenure.from_url(self._url))
 
 
 @contextlib.asynccontextmanager
@@ -191,7 +182,7 @@ class CountedLeases:
         self.inner = inner
         self.granted: Counter[str] = Counter()
 
-    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> tenure.AcquireResult:
         result = await self.inner.acquire_lease(key, owner, ttl_ms)
         if result.acquired:
             self.granted[key] += 1
@@ -200,7 +191,7 @@ class CountedLeases:
     async def get_lease_owner(self, key: str) -> str | None:
         return await self.inner.get_lease_owner(key)
 
-    async def get_lease(self, key: str) -> LeaseRecord | None:
+    async def get_lease(self, key: str) -> tenure.LeaseRecord | None:
         return await self.inner.get_lease(key)
 
     async def release_lease(self, key: str, owner: str) -> None:
