@@ -129,15 +129,9 @@ class FencedAsyncPostgresSaver(AsyncPostgresSaver):
                 pending.checked = True
 
     async def aclaim_thread(self, thread_id: str) -> None:
-        """Record the current token (:func:`~tenure.integrations.langgraph.fencing_token`)
-        as the highest that has written ``thread_id``, writing nothing else, or
-        raise :class:`~tenure.fencing.FenceRefused` if a higher one has.
-
-        A new owner calls it before it reads the thread's state: from then on a
-        stale owner's writes are refused, even before the new owner's first
-        checkpoint (else one written between that read and that checkpoint
-        would fork the thread's history). :func:`graph_handler` calls it at
-        the start of every run."""
+        """Record the current token as the highest that has written ``thread_id``,
+        writing nothing else (as ``FencedAsyncSqliteSaver.aclaim_thread``, which
+        says why), in a pipeline of its own."""
         async with self._cursor(pipeline=True):
             pass  # the pending fence's check, in a pipeline of its own
 
