@@ -74,9 +74,6 @@ class Sessions:
         self._tasks: set[asyncio.Task[None]] = set()
         # When each thread's quarantine refusal was last announced (once a second).
         self._refused: dict[str, float] = {}
-        # Threads a send of this process woke after their session's close marker:
-        # the sweep's session of each starts awake.
-        self._to_wake: set[str] = set()
         self.closed = False
 
     def _announce_refusal(self, thread_key: str, retry_after_ms: int | None) -> None:
@@ -116,12 +113,7 @@ class Sessions:
             known.popitem(last=False)
 
     async def try_start(
-        self,
-        thread_key: str,
-        kind: EventKind = "wake",
-        previous: str | None = None,
-        *,
-        wakes: bool = True,
+        self, thread_key: str, kind: EventKind = "wake", previous: str | None = None
     ) -> tuple[Session | None, str | None]:
         """Acquire the thread's lease and open a session; the session, or the holder's name.
 
@@ -131,12 +123,6 @@ class Sessions:
         has something to run; ``previous`` is the owner the thread's lease was
         last seen held by.
 
-        The session is awake (it runs what it reads, persisted signals too) when
-        a send that ``wakes`` the thread opens it, or the sweep opens it for a
-        thread a send of this process woke after its previous session's close
-        marker. Otherwise it wakes only when such a signal arrives, and holds
-        the lease "opening" until then (see :class:`~._session.Session`).
-
         A session whose topic may have no consumer group yet takes the lease
         "opening" (phase 0) and moves it to its first run once subscribed, so
         senders elsewhere wait before publishing. Raises what the backend
@@ -145,11 +131,8 @@ class Sessions:
         """
         ctx = self.ctx
         name = ctx.names.name(thread_key)
-        awake = wakes if kind == "wake" else thread_key in self._to_wake
         holder = Holder(
-            ctx.settings.process_id,
-            uuid.uuid4().hex[:12],
-            1 if awake and self.knows(name) else 0,
+            ctx.settings.process_id, uuid.uuid4().hex[:12], 1 if self.knows(name) else 0
         )
         sent = time.monotonic()
         result = await ctx.provider.acquire_lease(name, holder.owner, ctx.settings.ttl_ms)
@@ -158,8 +141,7 @@ class Sessions:
                 self._announce_refusal(thread_key, result.retry_after_ms)
             return None, result.owner
         self._refused.pop(thread_key, None)
-        self._to_wake.discard(thread_key)
-        session = Session(ctx, thread_key, holder, result.token, sent, awake)
+        session = Session(ctx, thread_key, holder, result.token, sent)
         self._by_key[thread_key] = session
         await session.open()
         if session.stopping or self.closed:
@@ -214,12 +196,10 @@ class Sessions:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _ended(self, thread_key: str, sid: str, look_again: bool, wake: bool) -> None:
+    def _ended(self, thread_key: str, sid: str, look_again: bool) -> None:
         session = self._by_key.get(thread_key)
         if session is not None and session.sid == sid:
             del self._by_key[thread_key]
-        if wake and len(self._to_wake) < KNOWN_TOPICS:
-            self._to_wake.add(thread_key)
         if not self.closed and look_again:
             self._poke()
 
