@@ -26,7 +26,7 @@ import logging
 import random
 import sqlite3
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -136,11 +136,11 @@ class RecordingGraph(GraphHandler):
         config["metadata"] = {**config["metadata"], "tenure_run": run.run_id, "worker": self.worker}
         return config
 
-    async def _stream(self, run: ThreadRun, signal: Signal) -> None:
+    async def _carefully(self, run: ThreadRun, step: Callable[[], Awaitable[None]]) -> None:
         while True:
             try:
-                await super()._stream(run, signal)
-                break
+                await step()
+                return
             except FenceRefused:
                 # A newer owner wrote the thread: this run is stale; the runtime
                 # cancels it once its renewer sees the loss.
@@ -149,8 +149,14 @@ class RecordingGraph(GraphHandler):
                     await asyncio.sleep(0.05)
             except TRANSIENT as exc:
                 run.ensure_held()
-                logger.warning("graph of %s met %r; again", signal.id, exc)
+                logger.warning("graph of run %s met %r; again", run.run_id, exc)
                 await asyncio.sleep(0.1)
+
+    async def _claim(self, run: ThreadRun) -> None:
+        await self._carefully(run, lambda: super(RecordingGraph, self)._claim(run))
+
+    async def _stream(self, run: ThreadRun, signal: Signal) -> None:
+        await self._carefully(run, lambda: super(RecordingGraph, self)._stream(run, signal))
         await self.sink.write(run, self.namespace, signal.id, signal.attempt)
 
 
