@@ -136,3 +136,37 @@ async def test_retention_by_count_tells_a_late_reader(url: str) -> None:
             if item.position == head:
                 break
         assert tail == [head - 2, head - 1, head]
+
+
+@pytest.mark.asyncio
+async def test_retention_by_age_drops_the_aged_items_and_keeps_the_rest(url: str) -> None:
+    """Items older than ``max_age`` go at the next append, the newest never; those
+    still young are all kept, and a reader behind the cut is told where it is."""
+
+    def words(items: list[OutputItem]) -> list[object]:
+        return [item.data for item in items if item.kind == "token"]
+
+    backend = tenure.from_url(url)
+    async with (
+        backend,
+        ThreadRuntime(backend, echo, output=Retention(max_age=0.6), idle_timeout=0.2) as rt,
+    ):
+        sent = await rt.send_signal("t1", "a b c")
+        assert words(await rt.wait_reply(sent, timeout=20)) == ["a", "b", "c"]
+        await asyncio.sleep(1.2)  # the first session's items (its end too) age
+        aged = await rt._replies().head("t1")
+        sent = await rt.send_signal("t1", "d e")
+        assert words(await rt.wait_reply(sent, timeout=20)) == ["d", "e"]
+        sent = await rt.send_signal("t1", "f")
+        assert words(await rt.wait_reply(sent, timeout=20)) == ["f"]
+        head = await rt._replies().head("t1")
+        with pytest.raises(OutputTruncated) as caught:
+            await asyncio.wait_for(anext(aiter(rt.follow("t1", after=0))), 10)
+        assert caught.value.first == aged + 1
+        kept = []
+        async for item in rt.follow("t1", after=aged):
+            kept.append(item)
+            if item.position == head:
+                break
+        assert [item.position for item in kept] == list(range(aged + 1, head + 1))
+        assert words(kept) == ["d", "e", "f"]

@@ -18,11 +18,20 @@ WITH fence AS (
     WHERE b.n > %(count)s - %(max_items)s
     RETURNING pos
 ), pruned AS (
+    -- One range of the primary key: items are stored in time order, so the aged
+    -- ones are those before the first kept item, found by walking from the
+    -- oldest (which stops at once when nothing has aged). A condition on "at"
+    -- over the whole stream would read every item it keeps on every append.
     DELETE FROM {output}
     WHERE stream = %(stream)s AND EXISTS (SELECT 1 FROM fence)
       AND pos <= (SELECT last FROM base)
-      AND (pos <= (SELECT last FROM base) + %(count)s - %(max_items)s
-           OR at < {now}() - %(max_age)s * interval '1 second')
+      AND pos < GREATEST(
+          (SELECT last FROM base) + %(count)s - %(max_items)s + 1,
+          COALESCE((SELECT o.pos FROM {output} AS o
+                    WHERE o.stream = %(stream)s
+                      AND o.at >= {now}() - %(max_age)s * interval '1 second'
+                    ORDER BY o.pos LIMIT 1),
+                   (SELECT last FROM base) + 1))
 )
 SELECT (SELECT max(pos) FROM added),
        (SELECT count(pg_catalog.pg_notify(%(channel)s, %(payload)s)) FROM fence)
