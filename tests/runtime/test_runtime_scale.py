@@ -102,6 +102,46 @@ async def test_finished_threads_leave_no_keys_after_the_retention() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_thread_whose_group_retention_removed_runs_its_next_signals() -> None:
+    """Retention forgets a finished thread's stream with its consumer group; the
+    next signal to that thread must still run. A runtime that remembered the group
+    published the signal before the next session made the group anew (at the
+    stream's end, after the signal): it was skipped, then expired with the stream."""
+    handled: list[Any] = []
+
+    async def handler(run: ThreadRun) -> None:
+        handled.extend([signal.payload async for signal in run.signals()])
+
+    with RedisServer() as server:
+        wait_out_quarantine(server.url, max_ttl_ms=TTL_MS)
+        keys = redis.Redis.from_url(server.url)
+        backend = RedisStreamsPubSub.from_url(
+            server.url, max_ttl_ms=TTL_MS, retention_ms=300, dedupe_window_ms=300
+        )
+
+        def streams() -> list[bytes]:
+            return [k for k in keys.scan_iter(match="*:stream", count=1000) if b"#" not in k]
+
+        try:
+            async with ThreadRuntime(backend, handler, ttl_ms=TTL_MS, idle_timeout=0.05) as rt:
+                for round in range(3):
+                    for i in range(10):
+                        await rt.send_signal(f"t{i}", (round, i))
+                    expected = [(r, i) for r in range(round + 1) for i in range(10)]
+
+                    def all_run(want: list[tuple[int, int]] = expected) -> bool:
+                        return sorted(tuple(p) for p in handled) == want
+
+                    await eventually(all_run, timeout=30)
+                    # Every thread's session ended and its stream, group and all, expired.
+                    await eventually(lambda: not streams(), timeout=30)
+                    assert len(handled) == len(expected)
+        finally:
+            await backend.aclose()
+            keys.close()
+
+
+@pytest.mark.asyncio
 async def test_a_stream_left_to_expire_is_kept_by_a_publish_or_a_subscribe(
     redis_url: str, unique: str
 ) -> None:

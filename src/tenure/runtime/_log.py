@@ -28,6 +28,7 @@ __all__ = [
     "LeaseTable",
     "RecordedLeases",
     "RuntimeLog",
+    "forgets_idle_groups",
     "log_for",
     "provider_for",
 ]
@@ -97,6 +98,14 @@ class LeaseTable(RecordedLeases, Protocol):
     def scan_leases(
         self, prefix: str = "", limit: int | None = None
     ) -> AsyncIterator[tuple[str, LeaseRecord]]: ...
+
+
+def forgets_idle_groups(log: object) -> bool:
+    """Whether ``log`` may forget a thread's consumer group between two of its
+    sessions (a Redis backend with ``retention_ms``): a signal stored before the
+    next session's group is made would be skipped, so no session may be assumed
+    to have left the group behind."""
+    return getattr(log, "forgets_idle_groups", False) is True
 
 
 # One process-local log per backend object whose events cannot hold signals, so

@@ -16,7 +16,7 @@ from .._pubsub import Callback
 from .._renewer import Renewals
 from ._context import SessionContext, Settings
 from ._identity import Holder, run_of
-from ._log import RuntimeLog
+from ._log import RuntimeLog, forgets_idle_groups
 from ._names import ThreadNames
 from ._observe import Emit
 from ._policies import SendRule
@@ -69,8 +69,10 @@ class Sessions:
         )
         self._poke = poke
         self._by_key: dict[str, Session] = {}
-        # Topics whose consumer group is known to exist (LRU).
+        # Topics whose consumer group is known to exist (LRU); none on a log that
+        # forgets a group once its last session left (the next one makes it anew).
         self._known: OrderedDict[str, None] = OrderedDict()
+        self._remembers = not forgets_idle_groups(log)
         self._tasks: set[asyncio.Task[None]] = set()
         # When each thread's quarantine refusal was last announced (once a second).
         self._refused: dict[str, float] = {}
@@ -106,6 +108,8 @@ class Sessions:
 
     def remember(self, topic: str) -> None:
         """Note that ``topic``'s consumer group exists."""
+        if not self._remembers:
+            return
         known = self._known
         known[topic] = None
         known.move_to_end(topic)

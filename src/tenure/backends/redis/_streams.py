@@ -107,6 +107,14 @@ class RedisStreams(StreamReader, PubSub):
         self._published: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._consumers = 0
 
+    @property
+    def forgets_idle_groups(self) -> bool:
+        """Whether a topic's groups can be forgotten (``retention_ms`` set): a
+        stream every group has drained and no member reads expires with its
+        groups, and a group subscribed to after that starts at the end, after
+        whatever was published meanwhile."""
+        return self._retention_ms > 0
+
     def _stream_key(self, topic: str) -> bytes:
         return self._p + b"{" + _tag(topic) + b"}:stream"
 
