@@ -206,7 +206,10 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     (at least twice the TTL) instead of 24 h: tokens stay increasing without
     it, being at least the server's time in microseconds. Guards of
     caller-given ids expire after ``dedupe_window_ms``. Fan-out-only topics
-    and streams whose dead members are still listed in a group are kept.
+    and streams whose dead members are still listed in a group are kept. An
+    expired stream's groups are gone with it: a group subscribed to later
+    starts at the end, after whatever was published meanwhile
+    (:attr:`forgets_idle_groups`; the thread runtime allows for it).
 
     **Reclaim** (``RECLAIM``). :meth:`reclaim` gives every event of a group
     that any member (alive or dead) was delivered and did not acknowledge
