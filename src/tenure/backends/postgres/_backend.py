@@ -156,9 +156,11 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
     Tokens still strictly increase for every key: a new row's token is the
     server time in microseconds at its insert (``acquire.sql``), later than
     the cut, so higher than the deleted token. The caveat: a server clock set
-    back by more than ``lease_retention`` could seed a key's new row below its
-    deleted token; keep the retention well above any clock step (hours, not
-    seconds, in production).
+    back by more than ``lease_retention`` (or an ``acquire`` statement held up
+    for that long between reading the clock and inserting) could seed a key's
+    new row below its deleted token; keep the retention well above any clock
+    step (hours, not seconds, in production). ``get_lease`` of a deleted key
+    answers ``None``, as for any free key.
 
     With either retention, an instance that had a subscriber prunes every
     ``prune_interval`` until closed, subscribers or not (without one, only

@@ -215,7 +215,8 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     plus ``group_retention`` joins again at the log's end, as a fan-out
     subscriber does. Once an instance with ``group_retention`` had a
     subscriber, it prunes every ``prune_interval`` until closed, subscribers or
-    not; publishes prune too.
+    not; publishes prune too. Do not set it while processes of a version
+    before it use the file: their joins do not refresh a group's liveness.
 
     **Deduplication** (``DEDUPE``). A publish whose caller set ``event.id``
     stores nothing if the topic's log still keeps an event with that id, and
