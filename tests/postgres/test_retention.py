@@ -19,6 +19,7 @@ from tenure.testing import eventually
 from tests.postgres.helpers import SqlClock, drop_schema, new_schema
 
 _ALIVE_S = 5 * 30  # a member keeps its group alive for 5 * visibility_timeout (default 30 s)
+_NAMED = "WHERE NOT private"
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ async def pruning(postgres_url: str, schema: str) -> AsyncIterator[tuple[Postgre
         yield backend, clock
 
 
-async def _pruned(backend: PostgresPubSub) -> None:
+async def _pruned() -> None:
     """Wait for a few prunes to have run after this call."""
     await asyncio.sleep(0.2)
 
@@ -105,22 +106,19 @@ async def test_an_idle_named_group_goes_once_every_event_was_acknowledged(
     async def record(event: Event) -> None:
         got.append(event.type)
 
-    def named() -> str:
-        return "WHERE NOT private"
-
     await backend.subscribe("t", record, group="g")
     await backend.unsubscribe("t", record)
     await backend.publish("t", Event(type="unread"))  # a claim of the memberless group
     await clock.advance((_ALIVE_S + 11) * 1000)
-    await _pruned(backend)
-    assert len(await _rows(postgres_url, schema, "leases_groups", named())) == 1
+    await _pruned()
+    assert len(await _rows(postgres_url, schema, "leases_groups", _NAMED)) == 1
     await backend.subscribe("t", record, group="g")
     await eventually(lambda: got == ["unread"])
     await backend.unsubscribe("t", record)  # acknowledged before it returns
     await clock.advance((_ALIVE_S + 11) * 1000)
 
     async def gone() -> bool:
-        return not await _rows(postgres_url, schema, "leases_groups", named())
+        return not await _rows(postgres_url, schema, "leases_groups", _NAMED)
 
     for _ in range(100):
         if await gone():
@@ -155,7 +153,7 @@ async def test_a_held_lease_is_never_pruned_and_tokens_grow_past_a_pruned_row(
         return sorted(bytes(k).decode() for k, *_ in await _rows(postgres_url, schema, "leases"))
 
     await clock.advance(60_000 + 10_000 - 1)  # the 60 s deadlines passed, under 10 s ago
-    await _pruned(backend)
+    await _pruned()
     assert await keys() == ["ahead", "expired", "held", "released"]
     await clock.advance(2)  # more than 10 s after those deadlines
     for _ in range(100):
