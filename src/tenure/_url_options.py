@@ -22,6 +22,7 @@ __all__ = [
     "to_bool",
     "to_int",
     "to_seconds",
+    "to_seconds_or_off",
     "url_secrets",
 ]
 
@@ -121,6 +122,14 @@ def to_seconds(text: str) -> float:
     value = float(text)
     if not 0 < value < math.inf:
         raise ValueError("expected a finite number of seconds > 0")
+    return value
+
+
+def to_seconds_or_off(text: str) -> float:
+    """Seconds of a retention: a finite number >= 0, 0 meaning off."""
+    value = float(text)
+    if not 0 <= value < math.inf:
+        raise ValueError("expected a finite number of seconds >= 0 (0: off)")
     return value
 
 

@@ -4,9 +4,14 @@ so that no other client's commands are counted."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
 import redis
 import tenure
@@ -16,6 +21,7 @@ from tenure.testing import eventually
 
 from ..redis.helpers import delete_prefix, wait_out_quarantine
 from ..support.redis_server import RedisServer
+from ..support.servers import POSTGRES_URL, drop_postgres_schema, require_tcp
 
 TTL_MS = 3000
 
@@ -188,3 +194,105 @@ async def test_retention_ms_is_checked_and_an_url_option(redis_url: str) -> None
         assert backend._retention_ms == 1000
     finally:
         await backend.aclose()
+
+
+# Each round's groups (and, on PostgreSQL, lease rows) are forgotten within
+# 5 * visibility_timeout + the retention of the thread's last heartbeat.
+_RETAIN = "group_retention=0.3&prune_interval=0.1&visibility_timeout=0.12"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def retaining(
+    request: pytest.FixtureRequest, short_tmp: Path, unique: str
+) -> Iterator[tuple[str, Callable[[], dict[str, int]]]]:
+    """A SQL backend URL with group (and lease) retention, and a count of what the
+    runtime's threads leave: named group rows, and lease rows on PostgreSQL."""
+    if request.param == "sqlite":
+        path = short_tmp / "t.db"
+
+        def left_sqlite() -> dict[str, int]:
+            with sqlite3.connect(path) as conn:
+                (groups,) = conn.execute(
+                    "SELECT count(*) FROM tenure_groups WHERE private = 0"
+                ).fetchone()
+            return {"groups": groups}
+
+        yield f"sqlite:///{path}?{_RETAIN}", left_sqlite
+        return
+    url = require_tcp(POSTGRES_URL, "PostgreSQL")
+    schema = f"tenure_test_{unique}"
+
+    def left_postgres() -> dict[str, int]:
+        counts = {}
+        with psycopg.connect(url, autocommit=True) as conn:
+            for name, table, where in (
+                ("groups", "leases_groups", "WHERE NOT private"),
+                ("leases", "leases", ""),
+            ):
+                query = sql.SQL("SELECT count(*) FROM {} " + where)
+                row = conn.execute(query.format(sql.Identifier(schema, table))).fetchone()
+                counts[name] = row[0] if row else 0
+        return counts
+
+    yield f"{url}?schema={schema}&{_RETAIN}&lease_retention=0.3", left_postgres
+    drop_postgres_schema(schema)
+
+
+@pytest.mark.asyncio
+async def test_finished_threads_leave_no_group_or_lease_rows_after_the_retention(
+    retaining: tuple[str, Callable[[], dict[str, int]]],
+) -> None:
+    """SQLite and PostgreSQL with ``group_retention`` (and ``lease_retention``):
+    threads that ran and finished leave no group row, nor a lease row, once it passed."""
+    url, left = retaining
+    handled: list[Any] = []
+    released: list[str] = []
+
+    async def handler(run: ThreadRun) -> None:
+        handled.extend([signal.payload async for signal in run.signals()])
+
+    def on_event(event: RuntimeEvent) -> None:
+        if event.kind == "release":
+            released.append(event.thread_key)
+
+    async with (
+        tenure.events_of(tenure.from_url(url)) as backend,
+        ThreadRuntime(backend, handler, ttl_ms=TTL_MS, idle_timeout=0.05, on_event=on_event) as rt,
+    ):
+        for i in range(20):
+            await rt.send_signal(f"t{i}", i)
+        await eventually(lambda: len(handled) == 20)
+        await eventually(lambda: len(released) == 20, timeout=30)
+        assert left()["groups"] > 0
+        nothing = dict.fromkeys(left(), 0)
+        await eventually(lambda: left() == nothing, timeout=30, interval=0.1)
+
+
+@pytest.mark.asyncio
+async def test_a_thread_whose_group_a_sql_backend_forgot_runs_its_next_signals(
+    retaining: tuple[str, Callable[[], dict[str, int]]],
+) -> None:
+    """SQLite and PostgreSQL with ``group_retention``: a finished thread's group row
+    is deleted, and the next signals to that thread must still run. A runtime that
+    remembered the group published them to a topic without a group (not stored)."""
+    url, left = retaining
+    handled: list[Any] = []
+
+    async def handler(run: ThreadRun) -> None:
+        handled.extend([signal.payload async for signal in run.signals()])
+
+    async with tenure.events_of(tenure.from_url(url)) as backend:
+        assert getattr(backend, "forgets_idle_groups", None) is True
+        async with ThreadRuntime(backend, handler, ttl_ms=TTL_MS, idle_timeout=0.05) as rt:
+            for round in range(3):
+                for i in range(10):
+                    await rt.send_signal(f"t{i}", (round, i))
+                expected = [(r, i) for r in range(round + 1) for i in range(10)]
+
+                def all_run(want: list[tuple[int, int]] = expected) -> bool:
+                    return sorted(tuple(p) for p in handled) == want
+
+                await eventually(all_run, timeout=15)
+                # Every thread's session ended and its group row was deleted.
+                await eventually(lambda: left()["groups"] == 0, timeout=15, interval=0.1)
+                assert len(handled) == len(expected)

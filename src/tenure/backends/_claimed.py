@@ -56,6 +56,9 @@ class EventOptions:
     prune_interval: float = 10.0
     retention: float = 7 * 24 * 3600.0
     dedupe_window: float = 24 * 3600.0
+    #: A named group with no live member for this long, nothing claimed and
+    #: nothing unread is deleted by the prune; 0: named groups are kept for good.
+    group_retention: float = 0.0
 
 
 # Ties in a group's queue (the same event and attempt twice) go in arrival order.
@@ -212,7 +215,21 @@ class ClaimedEvents(PubSub, Generic[_G]):
 
     @abc.abstractmethod
     async def _maintain(self) -> None:
-        """While there are subscribers: due redeliveries, heartbeats and pruning."""
+        """While there are subscribers (or :meth:`_keeps_pruning`): due redeliveries,
+        heartbeats and pruning."""
+
+    def _keeps_pruning(self) -> bool:
+        """Whether the upkeep goes on without subscribers, once started: what it
+        prunes (idle groups) is left by subscribers that are gone."""
+        return self._event_opts.group_retention > 0
+
+    @property
+    def forgets_idle_groups(self) -> bool:
+        """Whether a named group can be forgotten (``group_retention`` set): one
+        with no live member for that long, nothing claimed and nothing unread is
+        deleted, and a group subscribed to after that starts at the log's end,
+        after whatever was published meanwhile."""
+        return self._event_opts.group_retention > 0
 
     def _subscriptions_changed(self) -> None:
         """Called after a subscribe or an unsubscribe."""

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from ..._contract import Capability
 from ..._errors import ConfigurationError
 from ..._output import OutputStore
-from ..._url_options import to_int, to_seconds
+from ..._url_options import to_int, to_seconds, to_seconds_or_off
 from .._claimed import EventOptions
 from ._events import PostgresEvents
 from ._leases import _KWARGS, _URL_OPTIONS, PostgresLeaseProvider
@@ -23,22 +23,31 @@ _EVENT_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "prune_interval": ("prune_interval", to_seconds),
     "retention": ("retention", to_seconds),
     "dedupe_window": ("dedupe_window", to_seconds),
+    "group_retention": ("group_retention", to_seconds_or_off),
+    "lease_retention": ("lease_retention", to_seconds_or_off),
 }
+# Retentions: 0 turns them off.
+_OFF_ALLOWED = frozenset({"group_retention", "lease_retention"})
+
+
+def _check_option(name: str, value: Any) -> None:
+    if name == "max_attempts":
+        if type(value) is not int or value < 1:
+            raise ConfigurationError(f"max_attempts must be an int >= 1, got {value!r}")
+        return
+    seconds = not isinstance(value, bool) and isinstance(value, int | float)
+    if name in _OFF_ALLOWED:
+        if not seconds or not 0 <= value < math.inf:
+            raise ConfigurationError(
+                f"{name} must be a finite number of seconds >= 0 (0: off), got {value!r}"
+            )
+    elif not seconds or not 0 < value < math.inf:
+        raise ConfigurationError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
 def _event_options(values: dict[str, Any]) -> EventOptions:
     for name, value in values.items():
-        if name == "max_attempts":
-            if type(value) is not int or value < 1:
-                raise ConfigurationError(f"max_attempts must be an int >= 1, got {value!r}")
-        elif (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not 0 < value < math.inf
-        ):
-            raise ConfigurationError(
-                f"{name} must be a finite number of seconds > 0, got {value!r}"
-            )
+        _check_option(name, value)
     opts = EventOptions(**values)
     if opts.dedupe_window > opts.retention:
         raise ConfigurationError("dedupe_window must be at most retention")
@@ -118,10 +127,44 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
     ``prune_interval`` seconds, default 10); one a publisher gave an id stays
     for ``dedupe_window`` (default 24 h) for deduplication. Any event older
     than ``retention`` (default 7 days; plus ``dedupe_window`` for one with a
-    publisher's id) goes even if unacknowledged, with its claims. Dead private groups and expired release-wait registrations are
-    pruned too. Named groups are durable and are never pruned: a drained
-    group is one row (like a lease key), so the runtime's groups never vanish
-    under it.
+    publisher's id) goes even if unacknowledged, with its claims. Dead
+    private groups and expired release-wait registrations are pruned too.
+    By default named groups are durable and never pruned: a drained group is
+    one row, so a runtime's thread leaves one behind.
+
+    **Group retention.** With ``group_retention`` (seconds, default 0: off),
+    the prune also deletes a named group that has had no live member for that
+    long (none subscribed, in any process: a member's heartbeat, and each
+    join, keep it alive for ``5 * visibility_timeout``) and holds no claim
+    (every event published to it was acknowledged). A group subscribed to
+    after that is made anew and gets only what is published after it, and a
+    publish while the topic has no group is not stored, as for any topic
+    without a group; :attr:`forgets_idle_groups` says so, and the thread
+    runtime then stores a signal only once a session of its thread has joined
+    the group. A process stopped (not heart-beating) for ``5 *
+    visibility_timeout`` plus ``group_retention`` joins again and misses what
+    was published meanwhile, as a fan-out subscriber does.
+
+    **Lease retention.** A released or expired lease keeps its row, which
+    carries the key's fencing token. With ``lease_retention`` (seconds,
+    default 0: off), the prune deletes a row whose deadline passed more than
+    ``lease_retention`` ago (released or expired; a lease whose deadline is
+    ahead on the server clock is never touched, judged inside the statement,
+    and an ``acquire`` racing the delete either refreshes the row first, so
+    the delete skips it, or waits for the delete and inserts anew), and only
+    if its token is below the server time, in microseconds, of that cut.
+    Tokens still strictly increase for every key: a new row's token is the
+    server time in microseconds at its insert (``acquire.sql``), later than
+    the cut, so higher than the deleted token. The caveat: a server clock set
+    back by more than ``lease_retention`` (or an ``acquire`` statement held up
+    for that long between reading the clock and inserting) could seed a key's
+    new row below its deleted token; keep the retention well above any clock
+    step (hours, not seconds, in production). ``get_lease`` of a deleted key
+    answers ``None``, as for any free key.
+
+    With either retention, an instance that had a subscriber prunes every
+    ``prune_interval`` until closed, subscribers or not (without one, only
+    while it has subscribers; an instance that never subscribes never prunes).
 
     **Deduplication** (``DEDUPE``). A publish whose caller set ``event.id``
     stores nothing if an event with that id is kept for the topic, and returns
@@ -158,7 +201,8 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
 
     Options (keyword arguments or URL query parameters), besides the lease
     half's: ``visibility_timeout``, ``max_attempts``, ``poll_interval``,
-    ``prune_interval``, ``retention``, ``dedupe_window``.
+    ``prune_interval``, ``retention``, ``dedupe_window``, ``group_retention``,
+    ``lease_retention``.
     """
 
     capabilities = (
@@ -178,9 +222,11 @@ class PostgresPubSub(PostgresLeaseProvider, PostgresEvents):
 
     def __init__(self, conninfo: str = "", **options: Any) -> None:
         events = {name: options.pop(name) for name in _EVENT_OPTIONS if name in options}
+        lease_retention = events.pop("lease_retention", 0.0)
+        _check_option("lease_retention", lease_retention)
         opts = _event_options(events)
         super().__init__(conninfo, **options)
-        self._init_events(opts)
+        self._init_events(opts, float(lease_retention))
 
     def __repr__(self) -> str:
         return super().__repr__().replace("PostgresLeaseProvider(", "PostgresPubSub(", 1)

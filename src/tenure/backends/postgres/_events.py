@@ -58,6 +58,8 @@ class _Queries(Statements):
     group_delete: str
     group_join: str
     group_prune_dead: str
+    group_prune_idle: str
+    lease_prune: str
     waiter_prune: str
 
 
@@ -180,10 +182,12 @@ class Sql(Protocol):
 # Clean-up statements, in order: (operation, statement of _Queries).
 _PRUNE = (
     ("prune groups", "group_prune_dead"),
+    ("prune groups", "group_prune_idle"),
     ("prune claims", "claim_prune_orphans"),
     ("prune events", "event_expire"),
     ("prune events", "event_prune"),
     ("prune waiters", "waiter_prune"),
+    ("prune leases", "lease_prune"),
 )
 
 
@@ -195,8 +199,9 @@ class PostgresEvents(ClaimedEvents[_Group]):
     _conn: PgConnection
     _closed: bool
 
-    def _init_events(self, opts: EventOptions) -> None:
+    def _init_events(self, opts: EventOptions, lease_retention: float = 0.0) -> None:
         self._init_claimed(opts, uuid.uuid4())
+        self._lease_retention = lease_retention
         # A private group whose instance stops heart-beating (every
         # visibility_timeout / 3) is deleted by any instance after this long.
         self._alive_for = 5 * opts.visibility_timeout
@@ -472,7 +477,7 @@ class PostgresEvents(ClaimedEvents[_Group]):
         tick = min(opts.poll_interval, opts.visibility_timeout / 4)
         next_heartbeat = time.monotonic() + opts.visibility_timeout / 3
         next_prune = time.monotonic()
-        while self._topics:
+        while self._topics or self._keeps_pruning():
             await asyncio.sleep(tick)
             now = time.monotonic()
             try:
@@ -480,12 +485,12 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 # being replaced) delays an event by one tick at most; due
                 # redeliveries are found the same way.
                 await self._wake_due()
-                if now >= next_heartbeat:
+                if now >= next_heartbeat and self._topics:
                     next_heartbeat = now + opts.visibility_timeout / 3
                     await self._heartbeat()
                 if now >= next_prune:
                     next_prune = now + opts.prune_interval
-                    await _prune(self._sql, self._events_q, self._event_opts.retention)
+                    await _prune(self._sql, self._events_q, opts, self._lease_retention)
             except BackendUnavailable as exc:
                 self._wake_all()  # each take finds out for itself
                 logger.warning("cannot keep claims alive or prune: %s", exc)
@@ -522,6 +527,9 @@ class PostgresEvents(ClaimedEvents[_Group]):
             if group.gid not in present and id(group) in current:
                 await self._rejoin(group)
 
+    def _keeps_pruning(self) -> bool:
+        return super()._keeps_pruning() or self._lease_retention > 0
+
     async def _rejoin(self, group: _Group) -> None:
         logger.warning(
             "consumer group of topic %r was deleted by another instance (this one was "
@@ -550,8 +558,17 @@ async def _due(sql: Sql, q: _Queries, ids: list[int]) -> set[int]:
     return {int(gid) for (gid,) in await sql("find due events", q.claim_due, {"ids": ids})}
 
 
-async def _prune(sql: Sql, q: _Queries, retention: float) -> None:
-    """Delete dead groups, orphaned claims, events past ``retention`` and old waiters."""
+async def _prune(sql: Sql, q: _Queries, opts: EventOptions, lease_retention: float) -> None:
+    """Delete dead groups, orphaned claims, events past the retention and old waiters;
+    idle named groups and old lease rows when their retention is set."""
+    retentions = {
+        "event_expire": opts.retention,
+        "group_prune_idle": opts.group_retention,
+        "lease_prune": lease_retention,
+    }
     for op, name in _PRUNE:
-        params = {"retention": retention} if name == "event_expire" else {}
+        retention = retentions.get(name)
+        if retention == 0:
+            continue
+        params = {} if retention is None else {"retention": retention}
         await sql(op, getattr(q, name), params, retry=True)

@@ -63,7 +63,8 @@ def _convert_option(name: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise TypeError
         seconds = float(value)
-        if not (0 < seconds < math.inf):
+        low_ok = seconds >= 0 if name == "group_retention" else seconds > 0
+        if not (low_ok and seconds < math.inf):
             raise ValueError
         return seconds
     except (TypeError, ValueError):
@@ -72,6 +73,7 @@ def _convert_option(name: str, value: Any) -> Any:
             "max_attempts": "an int >= 1",
             "synchronous": "'normal' or 'full'",
             "create_dirs": "true or false",
+            "group_retention": "a finite number of seconds >= 0 (0: off)",
         }.get(name, "a finite number of seconds > 0")
         raise ConfigurationError(
             f"sqlite option {name} must be {expected}, got {value!r}"
@@ -198,6 +200,24 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
     replayed old event is delivered) is pruned even if unacknowledged, so the
     file does not grow without bound.
 
+    **Group retention.** Named groups are kept for good by default: a drained
+    group is one row, so a runtime's thread leaves one behind. With
+    ``group_retention`` (seconds, default 0: off), the prune (every
+    ``prune_interval``) also deletes a named group that has had no live member
+    for that long (none subscribed, in any process: a member's heartbeat, and
+    each join, keep it alive for ``5 * visibility_timeout``), has read every
+    event of its topic and holds no claim. Its events go with it at the same
+    prune. A group subscribed to after that is made anew at the log's end, and
+    a publish while the topic has no group is not stored, as for any topic
+    without a group; :attr:`forgets_idle_groups` says so, and the thread runtime
+    then stores a signal only once a session of its thread has joined the
+    group. A process stopped (not heart-beating) for ``5 * visibility_timeout``
+    plus ``group_retention`` joins again at the log's end, as a fan-out
+    subscriber does. Once an instance with ``group_retention`` had a
+    subscriber, it prunes every ``prune_interval`` until closed, subscribers or
+    not; publishes prune too. Do not set it while processes of a version
+    before it use the file: their joins do not refresh a group's liveness.
+
     **Deduplication** (``DEDUPE``). A publish whose caller set ``event.id``
     stores nothing if the topic's log still keeps an event with that id, and
     returns that first event (same id, ``created_at`` and data). The check is a
@@ -271,7 +291,7 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
 
     Options (keyword arguments or URL query parameters): ``busy_timeout_ms``,
     ``visibility_timeout``, ``max_attempts``, ``poll_interval``,
-    ``prune_interval``, ``retention``, ``dedupe_window``, ``synchronous``
+    ``prune_interval``, ``retention``, ``dedupe_window``, ``group_retention``, ``synchronous``
     (``normal`` or ``full``), ``create_dirs`` (see :meth:`from_url`).
 
     **Files of earlier versions** are brought up to date by the first

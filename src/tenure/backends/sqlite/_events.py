@@ -42,6 +42,7 @@ _ADVANCE_GROUP = load_sql("group_advance")
 _GROUP_ALIVE = load_sql("group_alive")
 _DELETE_GROUP = load_sql("group_delete")
 _PRUNE_DEAD_GROUPS = load_sql("group_prune_dead")
+_PRUNE_IDLE_GROUPS = load_sql("group_prune_idle")
 _SKIP_PRUNED = load_sql("group_skip_pruned")
 _BACKLOG = load_sql("group_backlog")
 _ANY_DUE_CLAIM = load_sql("claim_any_due")
@@ -131,6 +132,8 @@ class EventLog:
         self.next_prune = now + self.opts.prune_interval
         conn.execute(_PRUNE_DEAD_CLAIMS, (now,))
         conn.execute(_PRUNE_DEAD_GROUPS, (now,))
+        if self.opts.group_retention > 0:
+            conn.execute(_PRUNE_IDLE_GROUPS, (now - self.opts.group_retention,))
         oldest = (now - self.opts.retention, now - self.opts.dedupe_window)
         if conn.execute(_PRUNE_EVENTS, oldest).rowcount:
             conn.execute(_PRUNE_ORPHAN_CLAIMS)
@@ -521,20 +524,21 @@ class SqliteEvents(ClaimedEvents[_Group], Connected):
         tick = min(0.5, vt / 4)
         next_heartbeat = time.monotonic() + vt / 3
         next_prune = time.monotonic() + self._opts.prune_interval
-        while self._topics:
+        while self._topics or self._keeps_pruning():
             await asyncio.sleep(tick)
             groups = self._groups()
             # One look for every group, not one per group: an idle subscriber
             # costs nothing of its own between changes.
-            try:
-                idle = await self._run(self._log.idle_groups, [g.gid for g in groups])
-            except BackendUnavailable:
-                idle = set()  # every group looks, and reports what fails
-            for group in groups:
-                if group.gid not in idle:
-                    group.wake.set()
+            if groups:
+                try:
+                    idle = await self._run(self._log.idle_groups, [g.gid for g in groups])
+                except BackendUnavailable:
+                    idle = set()  # every group looks, and reports what fails
+                for group in groups:
+                    if group.gid not in idle:
+                        group.wake.set()
             now = time.monotonic()
-            if now >= next_heartbeat or now >= next_prune:
+            if (groups and now >= next_heartbeat) or now >= next_prune:
                 next_heartbeat = now + vt / 3
                 prune = now >= next_prune
                 if prune:
