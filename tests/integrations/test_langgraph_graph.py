@@ -6,6 +6,7 @@ checkpoints of the run it interrupted, fenced like the thread's other writes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -181,6 +182,43 @@ async def test_each_run_fences_the_thread_before_the_graph_reads_it(
             await runtime.wait_reply(sent, timeout=30)
         assert tokens and tokens[-1] is not None and tokens[-1] > 1
         assert saver.seen and saver.seen[0] == tokens[-1]
+
+
+@pytest.mark.asyncio
+async def test_a_signal_delivered_again_after_later_ones_ran_is_not_answered_twice(
+    saver: Any, backend: Any
+) -> None:
+    """An owner that finished a signal and died before acknowledging it leaves it to
+    be delivered again, after the signals it ran later: LangGraph resumes only from
+    the thread's newest checkpoint, so the input would be applied a second time.
+    The handler sees that an earlier delivery ran the graph to its end and skips it;
+    one that the newest checkpoint shows unfinished still resumes."""
+    agent = graph_handler(build_agent(saver))
+    replayed: list[Any] = []
+
+    async def handler(run: tenure.ThreadRun) -> None:
+        # graph_handler's loop, with the redelivery forced: "again" hands the
+        # first signal back as its owner's successor would get it (attempt 2).
+        await agent._claim(run)
+        async for signal in run.signals():
+            if signal.payload == "again":
+                await agent._stream(run, dataclasses.replace(replayed[0], attempt=2))
+                continue
+            replayed.append(signal)
+            await agent._stream(run, signal)
+
+    async with ThreadRuntime(backend, handler, output=True, idle_timeout=0.2) as runtime:
+        for text in ("hello", "and then"):
+            sent = await runtime.send_signal(THREAD, {"messages": [("user", text)]})
+            await runtime.wait_reply(sent, timeout=30)
+        sent = await runtime.send_signal(THREAD, "again")
+        await runtime.wait_reply(sent, timeout=30)
+    state = await agent.graph.aget_state({"configurable": {"thread_id": THREAD}})
+    assert [m for m in messages(state) if m[0] == "human"] == [
+        ("human", "hello"),
+        ("human", "and then"),
+    ]
+    assert state.values["steps"].count("chat") == 2
 
 
 @pytest.mark.asyncio

@@ -6,7 +6,9 @@ appends what it streams to the thread's output, where any process reads it
 (``runtime.follow``, ``runtime.reply``). The signal's id is LangGraph's
 ``run_id`` (the checkpoints' metadata): a signal delivered again after its
 owner died resumes from the last checkpoint its first delivery wrote instead
-of applying its input twice, and a rollback finds the checkpoints to remove.
+of applying its input twice (and one whose earlier delivery finished, while
+later signals ran, is not run again), and a rollback finds the checkpoints to
+remove.
 """
 
 from __future__ import annotations
@@ -182,7 +184,40 @@ class GraphHandler:
             with fencing_token(run.token):
                 await claim(run.thread_key)
 
+    async def _finished_before(self, run: ThreadRun, signal: Signal) -> bool:
+        """Whether an earlier delivery of ``signal`` ran the graph to an end (the
+        graph's end, or an ``interrupt()`` waiting for an answer).
+
+        A signal is delivered again when its owner died, or lost its lease, after
+        the graph's last checkpoint and before the signal was acknowledged; the
+        signals after it may have run by then. LangGraph resumes a run only from
+        the thread's newest checkpoint (same ``run_id``): applying the input
+        again after another signal's checkpoints would answer the message twice.
+        Looked up only for a delivery after the first.
+        """
+        saver = self.graph.checkpointer
+        if signal.attempt <= 1 or not isinstance(saver, BaseCheckpointSaver):
+            return False
+        config = self.config_for(run, signal)
+        # The graph's own checkpoints, not a subgraph's (which carry the run_id too).
+        config["configurable"] = {**config.get("configurable", {}), "checkpoint_ns": ""}
+        # Closed before the state is read: a saver may hold its connection's lock
+        # while its listing is open (the SQLite savers do).
+        listing = saver.alist(config, filter={"run_id": signal.id}, limit=1)
+        try:
+            found = await anext(listing, None)
+        finally:
+            close = getattr(listing, "aclose", None)  # an async generator's
+            if close is not None:
+                await close()
+        if found is None:
+            return False
+        snapshot = await self.graph.aget_state(found.config)
+        return not snapshot.next or any(task.interrupts for task in snapshot.tasks)
+
     async def _stream(self, run: ThreadRun, signal: Signal) -> None:
+        if await self._finished_before(run, signal):
+            return
         modes = list(dict.fromkeys((*self.stream_mode, "updates")))
         stream = self.graph.astream(
             self.input(signal.payload),
