@@ -107,6 +107,24 @@ async def test_finished_threads_leave_no_keys_after_the_retention() -> None:
             keys.close()
 
 
+async def three_rounds(
+    rt: ThreadRuntime, handled: list[Any], forgotten: Callable[[], bool], timeout: float
+) -> None:
+    """Ten threads get a signal each, three times; every round runs, then the
+    backend forgets every thread's group (``forgotten``) before the next round."""
+    for round in range(3):
+        for i in range(10):
+            await rt.send_signal(f"t{i}", (round, i))
+        expected = [(r, i) for r in range(round + 1) for i in range(10)]
+
+        def all_run(want: list[tuple[int, int]] = expected) -> bool:
+            return sorted(tuple(p) for p in handled) == want
+
+        await eventually(all_run, timeout=timeout)
+        await eventually(forgotten, timeout=timeout, interval=0.1)
+        assert len(handled) == len(expected)
+
+
 @pytest.mark.asyncio
 async def test_a_thread_whose_group_retention_removed_runs_its_next_signals() -> None:
     """Retention forgets a finished thread's stream with its consumer group; the
@@ -130,18 +148,8 @@ async def test_a_thread_whose_group_retention_removed_runs_its_next_signals() ->
 
         try:
             async with ThreadRuntime(backend, handler, ttl_ms=TTL_MS, idle_timeout=0.05) as rt:
-                for round in range(3):
-                    for i in range(10):
-                        await rt.send_signal(f"t{i}", (round, i))
-                    expected = [(r, i) for r in range(round + 1) for i in range(10)]
-
-                    def all_run(want: list[tuple[int, int]] = expected) -> bool:
-                        return sorted(tuple(p) for p in handled) == want
-
-                    await eventually(all_run, timeout=30)
-                    # Every thread's session ended and its stream, group and all, expired.
-                    await eventually(lambda: not streams(), timeout=30)
-                    assert len(handled) == len(expected)
+                # Every thread's session ends and its stream, group and all, expires.
+                await three_rounds(rt, handled, lambda: not streams(), timeout=30)
         finally:
             await backend.aclose()
             keys.close()
@@ -284,15 +292,5 @@ async def test_a_thread_whose_group_a_sql_backend_forgot_runs_its_next_signals(
     async with tenure.events_of(tenure.from_url(url)) as backend:
         assert getattr(backend, "forgets_idle_groups", None) is True
         async with ThreadRuntime(backend, handler, ttl_ms=TTL_MS, idle_timeout=0.05) as rt:
-            for round in range(3):
-                for i in range(10):
-                    await rt.send_signal(f"t{i}", (round, i))
-                expected = [(r, i) for r in range(round + 1) for i in range(10)]
-
-                def all_run(want: list[tuple[int, int]] = expected) -> bool:
-                    return sorted(tuple(p) for p in handled) == want
-
-                await eventually(all_run, timeout=15)
-                # Every thread's session ended and its group row was deleted.
-                await eventually(lambda: left()["groups"] == 0, timeout=15, interval=0.1)
-                assert len(handled) == len(expected)
+            # Every thread's session ends and its group row is deleted.
+            await three_rounds(rt, handled, lambda: left()["groups"] == 0, timeout=15)
