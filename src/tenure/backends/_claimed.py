@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import itertools
 import logging
 from collections import deque
 from collections.abc import Collection, Iterable, Sequence
@@ -57,6 +58,10 @@ class EventOptions:
     dedupe_window: float = 24 * 3600.0
 
 
+# Ties in a group's queue (the same event and attempt twice) go in arrival order.
+_arrivals = itertools.count()
+
+
 @dataclass(eq=False)
 class ClaimGroup(abc.ABC):
     """This instance's view of one consumer group on one topic.
@@ -68,7 +73,12 @@ class ClaimGroup(abc.ABC):
     topic: str
     name: str | None
     gid: int
-    queue: asyncio.Queue[tuple[int, Event]] = field(default_factory=asyncio.Queue)
+    # The claims taken and not yet delivered, oldest event first (event id,
+    # attempt, arrival, event): an event whose callback raised goes back before
+    # the newer ones taken with it, as a take would have ordered them.
+    queue: asyncio.PriorityQueue[tuple[int, int, int, Event]] = field(
+        default_factory=asyncio.PriorityQueue
+    )
     workers: dict[Callback, asyncio.Task[None]] = field(default_factory=dict)
     # Event id -> attempt, for the claims this instance took and has not yet
     # settled; the heartbeat extends them. A queued event whose attempt is not
@@ -115,13 +125,17 @@ class ClaimGroup(abc.ABC):
         """Hold and queue the claims taken, each ``(event id, attempt, body)``."""
         for event_id, attempt, body in claimed:
             self.held[event_id] = attempt
-            self.queue.put_nowait((event_id, Event.from_json(body, attempt)))
+            self.put(event_id, Event.from_json(body, attempt))
+
+    def put(self, event_id: int, event: Event) -> None:
+        """Queue ``event`` for delivery, in event order."""
+        self.queue.put_nowait((event_id, event.attempt, next(_arrivals), event))
 
     def unfinished(self) -> list[tuple[int, int]]:
         """Empty the queue: the (event id, attempt) still held and never delivered."""
         unfinished: list[tuple[int, int]] = []
         while not self.queue.empty():
-            event_id, event = self.queue.get_nowait()
+            event_id, _, _, event = self.queue.get_nowait()
             if self.held.get(event_id) == event.attempt:
                 del self.held[event_id]
                 unfinished.append((event_id, event.attempt))
@@ -331,7 +345,7 @@ class ClaimedEvents(PubSub, Generic[_G]):
         queue_ = group.queue
         held = group.held
         while True:
-            event_id, event = await queue_.get()
+            event_id, _, _, event = await queue_.get()
             if held.get(event_id) != event.attempt:
                 queue_.task_done()  # reclaimed or taken by another member meanwhile
                 continue
@@ -340,7 +354,7 @@ class ClaimedEvents(PubSub, Generic[_G]):
                 self._delivered(group, event_id, event, failure)
             except asyncio.CancelledError:
                 # Unsubscribed mid-delivery: hand the event to another member.
-                queue_.put_nowait((event_id, event))
+                group.put(event_id, event)
                 raise
             finally:
                 queue_.task_done()
@@ -369,7 +383,7 @@ class ClaimedEvents(PubSub, Generic[_G]):
             )
             self._settle(group.gid, event_id, event.attempt, failed=True)
             held[event_id] = event.attempt + 1
-            group.queue.put_nowait((event_id, replace(event, attempt=event.attempt + 1)))
+            group.put(event_id, replace(event, attempt=event.attempt + 1))
         else:
             self._logger.error(
                 "callback for topic %r raised on event %s %d times; dropping it",

@@ -212,7 +212,7 @@ def _sentinel_client(parts: SplitResult, query: Sequence[str], options: dict[str
     sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
     sentinel_options["retry"] = Retry(NoBackoff(), 0)
     options.pop("max_connections", None)  # the Sentinel pool is not bounded by it
-    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call, unused-ignore]  # untyped before redis-py 8
     return sentinel.master_for(
         service, redis_class=aioredis.Redis, retry=Retry(NoBackoff(), 0), **options
     )
