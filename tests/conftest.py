@@ -93,22 +93,30 @@ def isolated_redis_url(redis_url: str, unique: str, tmp_path: Path) -> Iterator[
         target.cleanup(unique)
 
 
-@pytest.fixture(params=[name for name in BACKENDS if name != "memory"])
-def shared_url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
-    """One isolated URL per backend that processes can share (every one but memory://)."""
-    target = TARGETS[request.param]
+def _isolated(name: str, unique: str, tmp_path: Path) -> Iterator[str]:
+    """An isolated URL of backend ``name``; its state goes afterwards."""
+    target = TARGETS[name]
     yield target.isolated_url(unique, tmp_path)
     if target.cleanup is not None:
         target.cleanup(unique)
+
+
+@pytest.fixture(params=[name for name in BACKENDS if name != "memory"])
+def shared_url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
+    """One isolated URL per backend that processes can share (every one but memory://)."""
+    yield from _isolated(request.param, unique, tmp_path)
 
 
 @pytest.fixture(params=BACKENDS)
 def backend_url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
     """One isolated URL per backend; tests using it run once for each backend."""
-    target = TARGETS[request.param]
-    yield target.isolated_url(unique, tmp_path)
-    if target.cleanup is not None:
-        target.cleanup(unique)
+    yield from _isolated(request.param, unique, tmp_path)
+
+
+@pytest.fixture(params=[name for name in BACKENDS if name != "etcd"])
+def signals_url(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[str]:
+    """One isolated URL per backend that carries signals (every one but etcd://, lease-only)."""
+    yield from _isolated(request.param, unique, tmp_path)
 
 
 def _unclosed_now() -> list[str]:

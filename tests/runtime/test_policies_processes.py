@@ -3,7 +3,9 @@
 A burst of coalescing signals from five processes during one run, a send's
 policy carried to an owner with another default, and each policy with the
 owner killed while signals wait: every signal whose send returned is run or
-settled as its policy allows, visibly, and never two runs at once.
+settled as its policy allows, visibly, and never two runs at once. Persisted
+signals outlive their sender and the sweeps of every process, and run first
+at the thread's next wake.
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ async def test_a_send_s_policy_reaches_an_owner_with_another_default(spawn: Spaw
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
-    "policy", ["enqueue", "coalesce", "interrupt", "rollback", "reject", "debounce", "discard"]
+    "policy",
+    ["enqueue", "coalesce", "interrupt", "rollback", "reject", "debounce", "discard", "persist"],
 )
 async def test_the_owner_killed_while_signals_wait_loses_nothing_its_policy_does_not_settle(
     spawn: Spawner, policy: str
@@ -190,11 +193,37 @@ async def test_the_owner_killed_while_signals_wait_loses_nothing_its_policy_does
     last = stored[-1]
     await eventually(lambda: last in ran(), timeout=60)
     await asyncio.sleep(0.5)
-    if policy == "enqueue":
+    if policy in ("enqueue", "persist"):
+        # persist: sent while the thread was awake, taken in order like enqueue.
         assert set(stored) <= ran()
     elif policy in ("coalesce", "debounce"):
         assert set(stored) <= ran() | coalesced()
     else:
         # interrupt/rollback: each newer signal may skip the older ones; the newest runs.
         assert last in ran()
+    assert_never_two_runs(workers, "thread")
+
+
+@pytest.mark.asyncio
+async def test_persisted_signals_outlive_their_sender_and_run_first_at_the_next_wake(
+    spawn: Spawner,
+) -> None:
+    sender = await spawn("sender", "--idle", "0.3", "--policy", "persist")
+    watchers = [await spawn(name, "--idle", "0.3") for name in ("a", "b")]
+    kept = [await sender.send("thread", n) for n in range(3)]
+    assert {d["outcome"] for d in kept} == {"persisted"}
+    sender.kill()
+    # Every process sweeps about every 0.7 s (ttl 2 s): several sweeps each.
+    await asyncio.sleep(3.0)
+    workers = [sender, *watchers]
+    assert [(w.name, d) for w in workers for d in w.of("take")] == [], [
+        (w.name, w.of("event")) for w in workers
+    ]
+    assert [e for w in workers for e in w.of("event", kind="takeover")] == []
+    woke = await watchers[0].send("thread", "wake")
+    assert woke["outcome"] == "wake"
+    await watchers[0].wait(lambda: bool(watchers[0].of("done", sid=woke["signal_id"])))
+    await asyncio.sleep(0.5)
+    takes = [d["sid"] for w in workers for d in w.of("take")]
+    assert takes == [d["signal_id"] for d in kept] + [woke["signal_id"]]
     assert_never_two_runs(workers, "thread")

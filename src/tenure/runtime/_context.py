@@ -100,7 +100,8 @@ class SessionContext:
     together (see :class:`~tenure._renewer.Renewals`).
     ``unsubscribe`` unsubscribes within ``unsubscribe_timeout`` (going on in the
     background after it); ``ended(thread_key, sid, look_again)`` is told when
-    a session has ended (``look_again``: signals may be left for a sweep).
+    a session has ended (``look_again``: signals may be left for a sweep, one
+    of which wakes the thread when ``wake`` is passed as a fourth argument).
     """
 
     settings: Settings
@@ -114,4 +115,4 @@ class SessionContext:
     renewals: Renewals
     emit: Emit
     unsubscribe: Callable[[str, Callback], Awaitable[None]]
-    ended: Callable[[str, str, bool], None]
+    ended: Callable[[str, str, bool, bool], None]

@@ -92,6 +92,15 @@ class Inbox:
     request skipped it (see :meth:`skip_through`); ``on_coalesced(signal_id,
     into)`` of each signal settled as coalesced into ``into`` (see
     :meth:`carry_through`).
+
+    ``wakes(data)`` says whether a stored signal's rule may wake its thread
+    (``persist``'s may not). Until a signal that wakes it arrives, an inbox
+    that is not ``awake`` hands nothing to a run: a persisted signal at the
+    head of the log keeps it :attr:`dormant`. Delivery is in log order, one
+    signal at a time, so nothing behind that signal can be read without
+    acknowledging it; the session leaves it stored instead (see
+    :class:`~._session.Session`). A persisted signal delivered again
+    (``attempt > 1``) wakes the inbox: its previous reader was awake, or died.
     """
 
     def __init__(
@@ -103,6 +112,9 @@ class Inbox:
         on_skipped: Callable[[Signal], None],
         on_coalesced: Callable[[str, str], None],
         on_discarded: Callable[[str], None],
+        *,
+        wakes: Callable[[dict[str, Any]], bool],
+        awake: bool,
     ) -> None:
         self.thread_key = thread_key
         self._sid = sid
@@ -111,6 +123,8 @@ class Inbox:
         self._on_skipped = on_skipped
         self._on_coalesced = on_coalesced
         self._on_discarded = on_discarded
+        self._wakes = wakes
+        self.awake = awake
         # Discarded before they arrived (see discard()), and how many were.
         self._discarding: OrderedDict[str, None] = OrderedDict()
         self.discarded = 0
@@ -180,6 +194,8 @@ class Inbox:
             return  # settled as coalesced into a newer signal
         pending = self.inflight.get(signal.id)
         if pending is None:
+            if not self.awake and (self._wakes(data) or arrived.attempt > 1):
+                self.awake = True
             window = _window_of(data)
             pending = Pending(signal, held=window is not None)
             if window is not None:
@@ -214,7 +230,18 @@ class Inbox:
     @property
     def has_work(self) -> bool:
         """Whether a signal waits here for a run (held by a debounce or not)."""
-        return bool(self.buffer or self.held or self._next)
+        return bool((self.awake and self.buffer) or self.held or self._next)
+
+    @property
+    def dormant(self) -> bool:
+        """Whether a persisted signal heads what waits and nothing woke this inbox."""
+        return not self.awake and bool(self.buffer)
+
+    def wake_up(self) -> None:
+        """Hand what waits, persisted signals included, to runs from now on."""
+        if not self.awake:
+            self.awake = True
+            self.arrived.set()
 
     async def next(self, idle_timeout: float) -> Pending | None:
         """The next signal, or ``None`` once none came for ``idle_timeout`` s or the lease is lost.
@@ -343,6 +370,8 @@ class Inbox:
         """The signal a run takes next, if one may go now (set aside in ``_next``)."""
         if self._next is not None:
             return self._next
+        if not self.awake:
+            return None
         while self.buffer and self._next is None:
             head = self.buffer[0]
             if not head.held:

@@ -18,7 +18,7 @@ from ._inbox import Inbox
 from ._run import RunEnd, ThreadRun, current_signal, stop
 from ._types import MAX_WINDOW, Debounce, Policy
 
-__all__ = ["RULES", "SendRule", "overtake", "rule_for", "rule_on_wire"]
+__all__ = ["RULES", "SendRule", "overtake", "rule_for", "rule_on_wire", "wakes_on_wire"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,10 @@ class SendRule:
     ``on_rollback``) before the next run starts. ``window`` (seconds): the
     signal is held, run or no run, until the owner has heard of no newer
     signal of the thread for ``window``, then handed over with the held ones
-    before it (:meth:`~._inbox.Inbox.debounce`).
+    before it (:meth:`~._inbox.Inbox.debounce`). ``wakes``: the send may
+    start a run of an idle thread; without it the signal is stored and waits
+    (a session of the thread that is awake takes it in order) until a send
+    that wakes the thread, whose run takes the waiting ones first, in log order.
     """
 
     name: Policy
@@ -48,6 +51,7 @@ class SendRule:
     drops_itself: bool = False
     rolls_back: bool = False
     window: float | None = None
+    wakes: bool = True
 
     @property
     def tells_owner(self) -> bool:
@@ -81,6 +85,7 @@ RULES: dict[str, SendRule] = {
         SendRule("coalesce", carries_older=True),
         SendRule("discard", drops_itself=True),
         SendRule("rollback", cancels_run=True, drops_older=True, rolls_back=True),
+        SendRule("persist", wakes=False),
     )
 }
 
@@ -111,6 +116,12 @@ def rule_on_wire(data: dict[str, Any], default: SendRule | None) -> SendRule | N
             return replace(_DEBOUNCE, window=float(window))
         return default
     return RULES.get(policy, default) if isinstance(policy, str) else default
+
+
+def wakes_on_wire(data: dict[str, Any], default: SendRule) -> bool:
+    """Whether a stored signal's rule (``default`` when it names none) wakes its thread."""
+    rule = rule_on_wire(data, default)
+    return rule is None or rule.wakes
 
 
 def overtake(

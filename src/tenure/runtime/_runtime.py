@@ -270,7 +270,9 @@ class ThreadRuntime(AsyncCloseable):
         Returns ``"wake"`` when this call started the thread's run here,
         ``"deliver"`` when a run was already active (in this process or
         another) and will read it from the log, ``"rejected"`` under the
-        ``reject`` policy while a run is active (nothing was stored).
+        ``reject`` policy while a run is active (nothing was stored),
+        ``"persisted"`` under the ``persist`` policy (stored; no run started:
+        the thread's next waking send runs it first).
 
         ``signal_id`` names the signal: a retried send with the same id stores
         nothing new, so a caller that got :class:`~tenure.BackendUnavailable`

@@ -6,7 +6,9 @@ here (``"wake"``); otherwise the owner reads the signal from the log
 (``"deliver"``). The policy's :class:`~._policies.SendRule` decides whether the
 signal is admitted while a run is active and whether the owner must hear of
 it at once (on the thread's control topic, since the owner reads signals one
-at a time).
+at a time), and whether the send may wake an idle thread: a ``persist`` one
+only stores its signal, once the thread's group is known to exist (a session
+opened and ended at once makes it), and never starts a run.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ class Sender:
                     await self._log.publish(name, event),
                     held[0],
                 )
+            elif not rule.wakes and self._sessions.knows(name):
+                # Stored, waking nothing: an awake session reads it, or the next wake's.
+                outcome = await self._log.publish(name, event), None
             elif rule.admitted_while_active and self._sessions.knows(name):
                 outcome = await self._publish_and_try(thread_key, name, event, rule)
             else:
@@ -99,6 +104,8 @@ class Sender:
     def _delivered(
         self, thread_key: str, run_id: str | None, stored: Event, rule: SendRule
     ) -> SendResult:
+        if not rule.wakes:
+            return SendResult("persisted", None, stored.id or "", thread_key, policy=rule.name)
         self._emit("deliver", thread_key, run_id=run_id, signal_id=stored.id)
         return SendResult("deliver", run_id, stored.id or "", thread_key, policy=rule.name)
 
@@ -108,6 +115,8 @@ class Sender:
         """The thread's session is open in this process: store the signal for it."""
         if not rule.admitted_while_active and session.run is not None:
             return self._rejected(session.thread_key, session.run_id, event.id, rule)
+        if rule.wakes:
+            session.waking()
         stored = await self._log.publish(name, event)
         session.sent_here(rule, stored.id or "", stored.created_at or time.time())
         return self._delivered(session.thread_key, session.run_id, stored, rule)
@@ -122,7 +131,7 @@ class Sender:
         publishing = asyncio.ensure_future(self._log.publish(name, event))
         tried = time.monotonic()
         try:
-            started, owner = await self._sessions.try_start(thread_key)
+            started, owner = await self._sessions.try_start(thread_key, wakes=rule.wakes)
         except TenureError as exc:
             # Stored (unless the publish fails too), but we could not look for its
             # run: the sweep will.
@@ -136,7 +145,33 @@ class Sender:
             return await self._woke(started, publishing, rule)
         stored = await publishing
         self._held_by(thread_key, owner, tried)
+        if rule.wakes and is_opening(owner):
+            return await self._after_opening(thread_key, stored, rule)
         return stored, owner
+
+    async def _after_opening(
+        self, thread_key: str, stored: Event, rule: SendRule
+    ) -> SendResult | tuple[Event, str | None]:
+        """``stored`` waits behind a session elsewhere that is opening, or not
+        awake: one that reads a persisted signal first ends without reading this
+        one. Try the lease until a run holds it (it reads ``stored``) or it is ours."""
+        pause = 0.002
+        give_up = time.monotonic() + NO_HOLDER_WAIT
+
+        async def done() -> Event:
+            return stored
+
+        while True:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            started, owner = await self._sessions.try_start(thread_key)
+            if started is not None:
+                return await self._woke(started, done(), rule)
+            if owner is not None and not is_opening(owner):
+                return stored, owner
+            if time.monotonic() >= give_up:
+                # Stored: the sweep starts it once the lease is free again.
+                return stored, owner
 
     async def _lease_first(
         self, thread_key: str, name: str, event: Event, rule: SendRule
@@ -147,7 +182,12 @@ class Sender:
         pause = 0.002
         give_up = time.monotonic() + NO_HOLDER_WAIT
         while True:
-            started, owner = await self._sessions.try_start(thread_key)
+            started, owner = await self._sessions.try_start(thread_key, wakes=rule.wakes)
+            if started is not None and not rule.wakes:
+                # Opened only so that the thread's group exists: it ends before the
+                # signal is stored, so no reader of this process ever takes it.
+                await started.end_unstarted("wake")
+                return await self._log.publish(name, event), None
             if started is not None:
                 return await self._woke(started, self._log.publish(name, event), rule)
             if not rule.admitted_while_active and owner is not None:

@@ -4,6 +4,14 @@ A session opens (reclaims, subscribes, moves an opening lease to its first
 run), then runs the handler while signals come, handing the lease to each next
 run, and closes once idle (a close marker read back, then unsubscribe and
 release). It reads only its :class:`~._context.SessionContext`.
+
+A session opened by a send that wakes its thread is *awake*: it runs what
+waits, persisted signals included, in log order. One opened by the sweep or
+by a ``persist`` send is not until a signal that wakes the thread arrives
+(:class:`~._inbox.Inbox`): it keeps its lease "opening" (phase 0) meanwhile,
+so that a waking sender waits for it rather than leave it a signal it may
+not read, and if a persisted signal heads the log it ends at once, without a
+run, leaving that signal stored.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import logging
 import time
 from typing import cast
 
-from .._errors import TenureError
+from .._errors import LeaseLost, TenureError
 from .._pubsub import Event, LeaseFence
 from ._context import SessionContext
 from ._control import Control
@@ -22,7 +30,7 @@ from ._identity import Holder
 from ._inbox import Inbox
 from ._lease import ThreadLease
 from ._log import CLOSE_MARKER, GROUP, FencedLog
-from ._policies import SendRule
+from ._policies import SendRule, wakes_on_wire
 from ._run import RunEnd, ThreadRun, call_handler, ended_as, finish, stop
 from ._types import EventKind
 
@@ -48,6 +56,7 @@ class Session:
         holder: Holder,
         token: int | None,
         sent_at: float,
+        awake: bool = True,
     ) -> None:
         self._ctx = ctx
         self.thread_key = thread_key
@@ -65,12 +74,17 @@ class Session:
             lambda signal: self.control.skipped(self.run_id, signal),
             lambda signal_id, into: self.control.coalesced(self.run_id, signal_id, into),
             lambda signal_id: self.control.discarded(self.run_id, signal_id),
+            wakes=lambda data: wakes_on_wire(data, ctx.rule),
+            awake=awake,
         )
         self.closing = False
         self.done = False
         self._stopping = False  # stop() came (aclose): a session still opening never runs
         self.ended = asyncio.Event()
         self._late_send = False
+        self._late_wake = False  # one of the late sends wakes the thread
+        # Ended at a persisted signal without a run (nothing woke the thread).
+        self.slept = False
         self.run: ThreadRun | None = None
         self._run_task: asyncio.Task[RunEnd] | None = None
         self._main_task: asyncio.Task[None] | None = None
@@ -110,11 +124,21 @@ class Session:
 
     # -- what senders of this process do ---------------------------------------
 
+    def waking(self) -> None:
+        """A send of this process that wakes the thread is about to store its signal here.
+
+        Called before the signal is stored: a session that is not awake yet
+        (opened by the sweep or a ``persist`` send) runs what it reads from now
+        on, persisted signals first, rather than end at a persisted one.
+        """
+        self.inbox.wake_up()
+
     def sent_here(self, rule: SendRule, signal_id: str, sent_at: float) -> None:
         """A send of this process stored ``signal_id`` for this session's thread."""
         self._overtake(rule, signal_id, sent_at)
         if self.closing:
             self._late_send = True
+            self._late_wake = self._late_wake or rule.wakes
 
     def _overtake(self, rule: SendRule, signal_id: str, sent_at: float) -> None:
         self.control.overtake(rule, self.run, self._run_task, self.inbox, signal_id, sent_at)
@@ -146,7 +170,7 @@ class Session:
                     reclaimed,
                 )
             await self._subscribe()
-            if self.lease.holder.opening:
+            if self.lease.holder.opening and self.inbox.awake:
                 await self.lease.open()
         except BaseException as exc:
             await self._fail_opening(exc)
@@ -211,6 +235,11 @@ class Session:
                 deadline = asyncio.get_running_loop().time() + self._ctx.settings.idle_timeout
                 await self.inbox.wait(deadline)
             while not self.lost.is_set():
+                if self.inbox.dormant:
+                    # A persisted signal heads the log and nothing woke the thread:
+                    # it stays stored (handed back as the session ends).
+                    self.done = self.slept = True
+                    break
                 if not self.inbox.has_work and await self._close_handshake():
                     # Decided: from here on, late deliveries are left for the next owner.
                     self.done = True
@@ -221,6 +250,8 @@ class Session:
                 if self.lost.is_set():
                     break
                 if self._runs and not await self._handover():
+                    break
+                if self.lease.holder.opening and not await self._woken():
                     break
                 await self._run_once()
                 await self.control.roll_back()
@@ -234,6 +265,16 @@ class Session:
             logger.exception("session %s of thread %r failed", self.sid, self.thread_key)
         finally:
             await self.cleanup()
+
+    async def _woken(self) -> bool:
+        """Move the "opening" lease of a session now awake to its first run, so
+        senders leave it their signals; ``False`` if it was no longer held."""
+        try:
+            await self.lease.open()
+        except LeaseLost as exc:
+            self.lease.renewer.lose(exc.reason)
+            return False
+        return True
 
     async def _close_handshake(self) -> bool:
         """Publish a close marker and read up to it; ``True`` when nothing came before it."""
@@ -374,7 +415,9 @@ class Session:
         self.ended.set()
         # Signals may have gone back to the log after the next owner looked, or a
         # local send slipped in after the close marker: someone must look for them.
-        self._ctx.ended(self.thread_key, self.sid, self.lost.is_set() or self._late_send)
+        self._ctx.ended(
+            self.thread_key, self.sid, self.lost.is_set() or self._late_send, self._late_wake
+        )
 
     async def stop(self) -> None:
         self._stopping = True

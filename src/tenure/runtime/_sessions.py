@@ -76,6 +76,9 @@ class Sessions:
         self._tasks: set[asyncio.Task[None]] = set()
         # When each thread's quarantine refusal was last announced (once a second).
         self._refused: dict[str, float] = {}
+        # Threads a send of this process woke after their session's close marker:
+        # the sweep's session of each starts awake.
+        self._to_wake: set[str] = set()
         self.closed = False
 
     def _announce_refusal(self, thread_key: str, retry_after_ms: int | None) -> None:
@@ -117,7 +120,12 @@ class Sessions:
             known.popitem(last=False)
 
     async def try_start(
-        self, thread_key: str, kind: EventKind = "wake", previous: str | None = None
+        self,
+        thread_key: str,
+        kind: EventKind = "wake",
+        previous: str | None = None,
+        *,
+        wakes: bool = True,
     ) -> tuple[Session | None, str | None]:
         """Acquire the thread's lease and open a session; the session, or the holder's name.
 
@@ -127,6 +135,12 @@ class Sessions:
         has something to run; ``previous`` is the owner the thread's lease was
         last seen held by.
 
+        The session is awake (it runs what it reads, persisted signals too) when
+        a send that ``wakes`` the thread opens it, or the sweep opens it for a
+        thread a send of this process woke after its previous session's close
+        marker. Otherwise it wakes only when such a signal arrives, and holds
+        the lease "opening" until then (see :class:`~._session.Session`).
+
         A session whose topic may have no consumer group yet takes the lease
         "opening" (phase 0) and moves it to its first run once subscribed, so
         senders elsewhere wait before publishing. Raises what the backend
@@ -135,8 +149,11 @@ class Sessions:
         """
         ctx = self.ctx
         name = ctx.names.name(thread_key)
+        awake = wakes if kind == "wake" else thread_key in self._to_wake
         holder = Holder(
-            ctx.settings.process_id, uuid.uuid4().hex[:12], 1 if self.knows(name) else 0
+            ctx.settings.process_id,
+            uuid.uuid4().hex[:12],
+            1 if awake and self.knows(name) else 0,
         )
         sent = time.monotonic()
         result = await ctx.provider.acquire_lease(name, holder.owner, ctx.settings.ttl_ms)
@@ -145,7 +162,8 @@ class Sessions:
                 self._announce_refusal(thread_key, result.retry_after_ms)
             return None, result.owner
         self._refused.pop(thread_key, None)
-        session = Session(ctx, thread_key, holder, result.token, sent)
+        self._to_wake.discard(thread_key)
+        session = Session(ctx, thread_key, holder, result.token, sent, awake)
         self._by_key[thread_key] = session
         await session.open()
         if session.stopping or self.closed:
@@ -200,10 +218,12 @@ class Sessions:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _ended(self, thread_key: str, sid: str, look_again: bool) -> None:
+    def _ended(self, thread_key: str, sid: str, look_again: bool, wake: bool) -> None:
         session = self._by_key.get(thread_key)
         if session is not None and session.sid == sid:
             del self._by_key[thread_key]
+        if wake and len(self._to_wake) < KNOWN_TOPICS:
+            self._to_wake.add(thread_key)
         if not self.closed and look_again:
             self._poke()
 

@@ -29,7 +29,9 @@ class ThreadStatus:
     lease's. All four are ``None`` when no run holds the thread. ``pending`` is
     true while the thread's log has signals not yet acknowledged (unread, or
     being handled): a thread with ``pending`` and no owner is taken over by
-    the next sweep of any runtime of the namespace.
+    the next sweep of any runtime of the namespace, unless a persisted signal
+    (``policy="persist"``) heads what waits: then it stays stored, without a
+    run, until a send wakes the thread.
 
     From :meth:`ThreadRuntime.threads` also, for the threads this runtime
     runs (``local``): ``queued``, the signals received and not yet handed to

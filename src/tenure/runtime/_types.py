@@ -20,11 +20,14 @@ __all__ = [
     "Signal",
 ]
 
-Outcome = Literal["wake", "deliver", "rejected"]
+Outcome = Literal["wake", "deliver", "rejected", "persisted"]
 
 #: What a new signal does to a thread whose run is active (double-texting).
-#: ``"debounce"`` is the name of a :class:`Debounce` (it needs a window).
-Policy = Literal["enqueue", "interrupt", "reject", "coalesce", "rollback", "discard", "debounce"]
+#: ``"debounce"`` is the name of a :class:`Debounce` (it needs a window);
+#: ``"persist"`` stores the signal without waking an idle thread.
+Policy = Literal[
+    "enqueue", "interrupt", "reject", "coalesce", "rollback", "discard", "debounce", "persist"
+]
 
 # The longest debounce window accepted, in seconds.
 MAX_WINDOW = 3600.0
@@ -114,7 +117,11 @@ class SendResult:
     in the thread's log for that run, whose id (as read from the lease owner)
     is ``run_id``. The signal is durable (on a durable backend) either way.
     ``"rejected"`` (only with the ``reject`` policy): a run was active, and the
-    signal was not stored. ``policy`` is the policy the signal was sent under
+    signal was not stored. ``"persisted"`` (only with the ``persist`` policy):
+    the signal was stored and this send started no run (``run_id`` is
+    ``None``); a session of the thread that is awake takes it in order, as it
+    would an ``enqueue`` one, otherwise it waits, stored, for the thread's next
+    waking send, whose run takes it first. ``policy`` is the policy the signal was sent under
     (the send's own, or the runtime's default); it travels with the signal, so
     the thread's owner applies it whatever its own default.
 
