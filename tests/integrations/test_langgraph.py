@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -275,3 +276,36 @@ async def test_a_write_by_run_ids_is_refused_where_a_saver_has_one(tmp_path: Pat
     async with FencedWithRuns.from_conn_string(str(tmp_path / "runs.db")) as saver:
         with fencing_token(5), pytest.raises(ConfigurationError, match="delete_for_runs"):
             await saver.adelete_for_runs(["run-1"])
+
+
+@pytest.mark.asyncio
+async def test_a_write_cancelled_before_its_commit_is_not_committed_by_the_next(
+    tmp_path: Path,
+) -> None:
+    """A stale owner's write is cancelled (its run lost the lease) while its INSERT
+    waits for the database; the INSERT runs after all, and the transaction it opens
+    is left behind. The next write on the saver's connection (the new owner's, with a
+    higher token) must not commit the stale checkpoint with its own: the soak found one
+    stored after the successor's."""
+    path = tmp_path / "cp.db"
+    async with FencedAsyncSqliteSaver.from_conn_string(str(path)) as saver:
+        await saver.setup()
+        await put(saver, config("t", 5), checkpoint("old owner's first"))
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")  # the stale INSERT waits on the file
+        stale = asyncio.ensure_future(put(saver, config("t", 5), checkpoint("stale")))
+        await asyncio.sleep(0.3)
+        stale.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stale
+        blocker.execute("COMMIT")  # the queued INSERT now runs, opening a transaction
+        blocker.close()
+        await claim_thread_with(saver, "t", 7)
+        await put(saver, config("t", 7), checkpoint("new owner's"))
+        values = [t.checkpoint["channel_values"]["value"] for t in await history(saver, "t")]
+    assert values == ["new owner's", "old owner's first"]
+
+
+async def claim_thread_with(saver: Any, thread_id: str, token: int) -> None:
+    with fencing_token(token):
+        await saver.aclaim_thread(thread_id)

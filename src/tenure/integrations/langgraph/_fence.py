@@ -75,6 +75,8 @@ class Pending:
     keys: tuple[str, ...]
     token: int
     checked: bool = False
+    # Set by a saver's connection at the write's first statement (see _sqlite.py).
+    started: bool = False
 
     @property
     def shown(self) -> str:

@@ -5,10 +5,16 @@ statements (the async one on ``self.conn``, the sync one at the end of
 ``self.cursor()``). SQLite lets one writer at a time hold the database from a
 transaction's first write to its commit, so a check made just before the
 commit sees every write committed before and keeps out every later one.
+
+A write cancelled between its statements and its commit leaves them in the
+connection's open transaction; each fenced write rolls such leftovers back
+before its own first statement (or its commit, for a claim), so the next
+commit, checked for its own token, never carries a stale one's rows.
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +42,59 @@ DELETE_FOR_RUN = (
 )
 
 
+# What a write's first statement goes through on aiosqlite's connection.
+_STATEMENTS = frozenset({"execute", "executemany", "executescript", "cursor"})
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _roll_back_leftovers(raw: sqlite3.Connection) -> None:
+    if raw.in_transaction:
+        raw.rollback()
+
+
+class _AfterLeftovers:
+    """A fenced write's first statement (``conn.execute(...)`` and the like, awaited
+    or entered), once a transaction that an earlier write left open is rolled back.
+
+    A write cancelled between its statements and its commit (a run cancelled on
+    losing its lease) leaves them in the connection's open transaction, and the
+    next write's commit, checked for that write's token only, would commit them
+    too: a stale run's checkpoint stored after its successor's. The roll-back
+    runs on aiosqlite's thread, after any statement still queued there.
+    """
+
+    def __init__(self, conn: aiosqlite.Connection, method: Any, *args: Any, **kwargs: Any):
+        self._conn = conn
+        self._call = functools.partial(method, *args, **kwargs)
+        self._entered: Any = None
+
+    async def clean(self) -> None:
+        raw: sqlite3.Connection | None = getattr(self._conn, "_conn", None)
+        execute = getattr(self._conn, "_execute", None)
+        if raw is not None and execute is not None:
+            await execute(_roll_back_leftovers, raw)
+        elif self._conn.in_transaction:
+            await self._conn.rollback()
+
+    async def _run(self) -> Any:
+        await self.clean()
+        return await self._call()
+
+    def __await__(self) -> Any:
+        return self._run().__await__()
+
+    async def __aenter__(self) -> Any:
+        await self.clean()
+        self._entered = self._call()
+        return await self._entered.__aenter__()
+
+    async def __aexit__(self, *exc: object) -> Any:
+        return await self._entered.__aexit__(*exc)
+
+
 class _CheckedCommit:
     """An aiosqlite connection whose ``commit`` first runs the pending write's check.
 
@@ -52,7 +111,12 @@ class _CheckedCommit:
         self._fence = fence
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
+        attr = getattr(self._conn, name)
+        pending = PENDING.get()
+        if name in _STATEMENTS and pending is not None and not pending.started:
+            pending.started = True
+            return functools.partial(_AfterLeftovers, self._conn, attr)
+        return attr
 
     def __await__(self) -> Any:
         return self._conn.__await__()
@@ -62,6 +126,9 @@ class _CheckedCommit:
         if pending is None:
             await self._conn.commit()
             return
+        if not pending.started:  # a write of no statement of its own (a claim)
+            pending.started = True
+            await _AfterLeftovers(self._conn, _nothing).clean()
         execute = getattr(self._conn, "_execute", None)
         if self.one_hop and execute is not None and hasattr(type(self._conn), "_conn"):
             await execute(self._check_and_commit, pending)
