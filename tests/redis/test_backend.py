@@ -128,12 +128,24 @@ REDIS_PY_OPTIONS = {
 }
 
 
+# What newer redis-py versions parse in a URL (8.2) but redis.asyncio's connections
+# do not take: the URL is refused, naming the option.
+SYNC_ONLY_OPTIONS = ("ssl_validate_ocsp", "ssl_validate_ocsp_stapled")
+
+
 def test_every_redis_py_url_option_is_accepted() -> None:
     from redis.connection import URL_QUERY_ARGUMENT_PARSERS
 
     # Refused (retries) or not taken by redis-py's default pool (``timeout``):
     # see test_bad_urls_raise_configuration_error.
-    assert set(URL_QUERY_ARGUMENT_PARSERS) - {"retry_on_error", "timeout"} <= set(REDIS_PY_OPTIONS)
+    assert set(URL_QUERY_ARGUMENT_PARSERS) - {
+        "retry_on_error",
+        "timeout",
+        *SYNC_ONLY_OPTIONS,
+    } <= set(REDIS_PY_OPTIONS)
+    for name in set(SYNC_ONLY_OPTIONS) & set(URL_QUERY_ARGUMENT_PARSERS):
+        with pytest.raises(ConfigurationError, match=name):
+            RedisStreamsPubSub.from_url(f"rediss://cache.example:6380/0?{name}=false")
     query = "&".join(f"{name}={value}" for name, value in REDIS_PY_OPTIONS.items())
     backend = RedisStreamsPubSub.from_url(f"rediss://cache.example:6380/0?{query}")
     kwargs = backend._client.connection_pool.connection_kwargs
