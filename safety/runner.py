@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import worker_env
 from .checker import CheckConfig, Report, check_all
 from .client import Client, ClientConfig, config_json
 from .faults import FaultInjector, ServerFaults
@@ -154,8 +155,7 @@ class ProcessPool:
         self._gen += 1
         name = f"{workload[0]}{slot}-{self._gen}"
         cfg = self._make(name, workload, slot)
-        # The runner's own tree, never an installed tenure: src first.
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+        env = worker_env()
         with (Path(cfg.workdir) / f"{name}.stderr").open("wb") as err:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "safety.client", "--config", config_json(cfg)],

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import worker_env
 from ..proxy import Proxy
 from .checker import ThreadReport, check, percentile
 from .evidence import (
@@ -257,7 +258,7 @@ class Pool:
             workload=self.rc.workload,
             checkpoints=self.checkpoints[slot] if self.checkpoints else None,
         )
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = worker_env()
         with (self.workdir / f"{name}.stderr").open("wb") as err:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "safety.threads.worker", "--config", config_json(cfg)],
