@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+import psycopg
 import pytest
 import pytest_asyncio
 from langchain_core.runnables import RunnableConfig
@@ -309,3 +310,83 @@ async def test_a_write_cancelled_before_its_commit_is_not_committed_by_the_next(
 async def claim_thread_with(saver: Any, thread_id: str, token: int) -> None:
     with fencing_token(token):
         await saver.aclaim_thread(thread_id)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("cancelled_at", ["checkpoint", "writes"])
+@pytest.mark.parametrize("kind", [k for k in KINDS if k.startswith("postgres-async")])
+async def test_a_write_cancelled_inside_its_pipeline_commits_nothing(
+    saver: Any, cancelled_at: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stale owner's write is cancelled (its run lost the lease) after its
+    statements went into the pipeline and before the fence's check did. psycopg
+    syncs a pipeline on the way out of it whatever ended the block, and the sync
+    commits what was sent: the stale checkpoint, or the stale writes, unchecked."""
+    first = await put(saver, config("t", 5), checkpoint("old owner's"))
+    await claim_thread_with(saver, "t", 7)
+    statement = saver.UPSERT_CHECKPOINTS_SQL if cancelled_at == "checkpoint" else None
+    sent = psycopg.AsyncCursor.execute, psycopg.AsyncCursor.executemany
+
+    async def execute(cur: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        done = await sent[0](cur, query, *args, **kwargs)
+        if query is statement:
+            raise asyncio.CancelledError  # where the run's cancellation lands
+        return done
+
+    async def executemany(cur: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        await sent[1](cur, query, *args, **kwargs)
+        writes = (saver.UPSERT_CHECKPOINT_WRITES_SQL, saver.INSERT_CHECKPOINT_WRITES_SQL)
+        if cancelled_at == "writes" and query in writes:
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", execute)
+    monkeypatch.setattr(psycopg.AsyncCursor, "executemany", executemany)
+    cfg = config("t", 5, checkpoint_id=first["configurable"]["checkpoint_id"])
+    stale = (
+        put(saver, config("t", 5), checkpoint("stale"))
+        if cancelled_at == "checkpoint"
+        else put_writes(saver, cfg, [("value", "stale")])
+    )
+    with pytest.raises(asyncio.CancelledError):
+        await stale
+    monkeypatch.undo()
+    stored = await history(saver, "t")
+    assert [t.checkpoint["channel_values"].get("value") for t in stored] == ["old owner's"]
+    assert all(t.pending_writes == [] for t in stored)
+    # The saver's connection is usable afterwards, and by the new owner.
+    await put(saver, config("t", 7), checkpoint("new owner's"))
+    stored = await history(saver, "t")
+    assert [t.checkpoint["channel_values"].get("value") for t in stored] == [
+        "new owner's",
+        "old owner's",
+    ]
+
+
+class _Interrupted(Exception):
+    """What ends the sync saver's write early in the test below."""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["postgres-sync"])
+async def test_a_sync_write_that_fails_inside_its_pipeline_commits_nothing(
+    saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sync saver's pipeline is synced on the way out too: a write that fails
+    after its checkpoint went into the pipeline commits nothing, unchecked."""
+    await put(saver, config("t", 5), checkpoint("old owner's"))
+    with fencing_token(7):
+        await claim_thread(saver, "t")
+    sent = psycopg.Cursor.execute
+
+    def execute(cur: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        done = sent(cur, query, *args, **kwargs)
+        if query is saver.UPSERT_CHECKPOINTS_SQL:
+            raise _Interrupted
+        return done
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+    with pytest.raises(_Interrupted):
+        await put(saver, config("t", 5), checkpoint("stale"))
+    monkeypatch.undo()
+    stored = await history(saver, "t")
+    assert [t.checkpoint["channel_values"].get("value") for t in stored] == ["old owner's"]

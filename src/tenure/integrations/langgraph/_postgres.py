@@ -13,6 +13,12 @@ few lines of Python) keeps the row locked, and the thread's next owner waits
 until it resumes (its write, checked first, then commits first) or its
 connection closes.
 
+A write whose block ends early (its run cancelled when the lease was lost,
+or any error) has sent some of its statements and not the check. psycopg
+syncs a pipeline however its block ends, and the sync would commit them,
+unchecked: the wrapper sends a statement that fails after them instead, and
+syncs, so that the server aborts the write whole (:data:`ABANDON`).
+
 ``prune`` runs its own transactions (one per thread, at an isolation level of
 its choosing), into which nothing can be placed: it is fenced by a check made
 on a second connection whose transaction, holding the threads' fence rows,
@@ -25,15 +31,18 @@ write holds: prune a thread from a saver that is not writing it at the time.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, AsyncCursor, AsyncPipeline, Connection, Cursor, Pipeline
 from psycopg.conninfo import make_conninfo
+from psycopg.pq import PipelineStatus
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -65,6 +74,41 @@ DELETE_FOR_RUN = (
     """,
     "DELETE FROM checkpoints WHERE thread_id = %(thread)s AND metadata ->> 'run_id' = %(run)s",
 )
+
+
+# Sent into the pipeline of a fenced write that ends before its check: it
+# fails, and the server aborts the statements before it up to the sync.
+ABANDON = (
+    "DO $$ BEGIN RAISE EXCEPTION 'tenure: a fenced write ended before its check; "
+    "nothing of it is applied'; END $$"
+)
+
+
+def _in_pipeline(conn: Connection[Any] | AsyncConnection[Any]) -> bool:
+    return conn.pgconn.pipeline_status != PipelineStatus.OFF
+
+
+async def _aabandon(cur: AsyncCursor[DictRow]) -> None:
+    """Abort what a fenced write sent into its pipeline (see the module's docstring).
+
+    Outside a pipeline (a server without pipeline mode: the saver then writes in a
+    transaction), the statement fails at once and the transaction rolls back."""
+    conn = cur.connection
+    with contextlib.suppress(psycopg.Error):
+        await cur.execute(ABANDON)
+        if _in_pipeline(conn):
+            async with conn.pipeline() as pipe:
+                await pipe.sync()
+
+
+def _abandon(cur: Cursor[DictRow]) -> None:
+    """:func:`_aabandon` for the sync saver."""
+    conn = cur.connection
+    with contextlib.suppress(psycopg.Error):
+        cur.execute(ABANDON)
+        if _in_pipeline(conn):
+            with conn.pipeline() as pipe:
+                pipe.sync()
 
 
 def _conninfo(conn: Connection[Any] | AsyncConnection[Any]) -> str:
@@ -121,9 +165,14 @@ class FencedAsyncPostgresSaver(AsyncPostgresSaver):
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
         async with super()._cursor(pipeline=pipeline) as cur:
-            yield cur
-            pending = PENDING.get()
-            if pipeline and pending is not None:
+            pending = PENDING.get() if pipeline else None
+            try:
+                yield cur
+            except BaseException:
+                if pending is not None:
+                    await _aabandon(cur)
+                raise
+            if pending is not None:
                 for key in pending.keys:
                     await self.fence.acheck(cur.connection, key, pending.token)
                 pending.checked = True
@@ -199,9 +248,14 @@ class FencedPostgresSaver(PostgresSaver):
     @contextmanager
     def _cursor(self, *, pipeline: bool = False) -> Iterator[Cursor[DictRow]]:
         with super()._cursor(pipeline=pipeline) as cur:
-            yield cur
-            pending = PENDING.get()
-            if pipeline and pending is not None:
+            pending = PENDING.get() if pipeline else None
+            try:
+                yield cur
+            except BaseException:
+                if pending is not None:
+                    _abandon(cur)
+                raise
+            if pending is not None:
                 for key in pending.keys:
                     self.fence.check(cur.connection, key, pending.token)
                 pending.checked = True
