@@ -12,55 +12,26 @@ at once and drop the event after ``max_attempts``, so raising there could lose i
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from .._errors import TenureError
 from .._pubsub import Event
+from ._coalesce import CARRY_GRACE_S, Carry
+from ._debounce import Debounce
 from ._log import CLOSE_MARKER, SIGNAL_TYPE
+from ._pending import Pending, Settle, settle
+from ._skips import Skips, remember
 from ._types import Signal
+from ._wakeup import Wakeup
 
 __all__ = ["Inbox", "Pending", "Settle", "settle"]
-
-logger = logging.getLogger("tenure.runtime")
-
-Settle = Literal["ack", "retry", "abandon"]
-
-
-# A coalescing signal whose request came first is waited for while signals are
-# read, but not when one sent this many seconds after it (senders' clocks) comes
-# first, nor when nothing is read for _CARRY_GRACE_S: it went to another owner.
-_STALE_S = 10.0
-_CARRY_GRACE_S = 2.0
-
-# How many ids of signals handed to a run an inbox remembers, so that a request
-# about one of them is known to come too late (it follows its signal closely).
-_TAKEN_KEPT = 1024
-
-# How much longer than its window a debounce waits for a signal a request
-# announced, at least, before it hands over the held ones without it (a
-# request about a signal that never reaches this session).
-_ANNOUNCED_WAIT = 1.0
 
 
 class _Refused(TenureError):
     """Raised from a subscription callback so the backend keeps the event for later."""
-
-
-@dataclass(eq=False, slots=True)
-class Pending:
-    signal: Signal
-    how: Settle | None = None  # set once, by settle()
-    # The subscription callbacks waiting for ``how`` (a redelivery may add one).
-    # A future each, not one shared: cancelling a callback must leave the signal
-    # unsettled, and a shared future under asyncio.shield costs a loop turn more.
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)
-    # Sent under debounce: no run takes it before the thread's quiet window.
-    held: bool = False
 
 
 def _window_of(data: dict[str, Any]) -> float | None:
@@ -69,14 +40,6 @@ def _window_of(data: dict[str, Any]) -> float | None:
     if isinstance(window, int | float) and math.isfinite(window) and window > 0:
         return float(window)
     return None
-
-
-def settle(pending: Pending, how: Settle) -> None:
-    if pending.how is None:
-        pending.how = how
-        for waiter in pending.waiters:
-            if not waiter.done():
-                waiter.set_result(None)
 
 
 async def _block_until_cancelled() -> None:
@@ -120,46 +83,19 @@ class Inbox:
         self._sid = sid
         self._takes = takes
         self._lost = lost
-        self._on_skipped = on_skipped
-        self._on_coalesced = on_coalesced
-        self._on_discarded = on_discarded
         self._wakes = wakes
         self.awake = awake
-        # Discarded before they arrived (see discard()), and how many were.
-        self._discarding: OrderedDict[str, None] = OrderedDict()
-        self.discarded = 0
         self.buffer: deque[Pending] = deque()
         self.inflight: dict[str, Pending] = {}
-        self.arrived = asyncio.Event()
+        self.arrived = Wakeup()
         self.marker_seq = 0
         self.marker_seen = asyncio.Event()
-        # Set by a request whose signal has not arrived yet: (its id, its send time).
-        self._skip_until: tuple[str, float] | None = None
         self._taken: OrderedDict[str, None] = OrderedDict()
-        # Coalescing, in log order: the signals whose coalescing request came
-        # before the signal itself (id: send time), each later in the log than
-        # everything read so far; the signals carried meanwhile (acknowledged,
-        # oldest first), handed to the run of the last of them to arrive; and the
-        # timer that ends a carry whose requested signals stop coming.
-        self._coming: dict[str, float] = {}
-        self._carried: list[Signal] = []
-        self._carry_timer: asyncio.TimerHandle | None = None
-        # Debouncing (see heard()): the ids heard of (bounded), when the newest
-        # was first heard of (the loop's clock) and its window; the ids a
-        # request announced that have not arrived yet; the held signals already
-        # acknowledged so the next ones could be read, oldest first; and the
-        # signal a run takes next, once chosen.
-        self._heard: OrderedDict[str, None] = OrderedDict()
-        self._heard_at = 0.0
-        self._window = 0.0
-        self._announced_ids: dict[str, None] = {}
-        self.held: list[Signal] = []
+        self._skips = Skips(self.buffer, self.inflight, on_skipped, on_discarded)
+        self._carry = Carry(self.buffer, self.inflight, on_coalesced, self._put)
+        self._debounce = Debounce(on_coalesced)
+        # The signal a run takes next, once chosen.
         self._next: Pending | None = None
-        # The idle timer of the waits, and the deadline of the wait under way
-        # (the loop's clock); see wait().
-        self._timer: asyncio.TimerHandle | None = None
-        self._wake_at = 0.0
-        self._waiting = False
 
     # -- the subscription callback -----------------------------------------
 
@@ -175,37 +111,12 @@ class Inbox:
             # Not ours to run: a lost session (checked on the clock, so also right
             # after a pause) holds it until it unsubscribes and hands it back.
             await _block_until_cancelled()
-        data = event.data
-        arrived = Signal(
-            id=event.id or "",
-            thread_key=data["thread"],
-            payload=data["payload"],
-            sent_at=event.created_at or 0.0,
-            attempt=event.attempt,
-        )
-        if self._skipped(arrived):
-            return  # acknowledged unhandled: a request came after it
-        if arrived.id in self._discarding:
-            del self._discarding[arrived.id]
-            self._discarded(arrived.id)
-            return  # acknowledged unrun: sent under discard while a run was busy
-        signal = self._carried_into(arrived)
-        if signal is None:
-            return  # settled as coalesced into a newer signal
-        pending = self.inflight.get(signal.id)
+        pending = self._admit(event)
         if pending is None:
-            if not self.awake and (self._wakes(data) or arrived.attempt > 1):
-                self.awake = True
-            window = _window_of(data)
-            pending = Pending(signal, held=window is not None)
-            if window is not None:
-                self.heard(signal.id, window)
-                self._announced_ids.pop(signal.id, None)
-            self.inflight[signal.id] = pending
-            self.buffer.append(pending)
-            self.arrived.set()
-        # else: delivered again while we still hold it (a backend reclaiming an idle
-        # entry); settle it like the first copy, once that one is handled.
+            return  # acknowledged: skipped, discarded or carried (see _admit)
+        signal_id = pending.signal.id
+        # A signal delivered again while we still hold it (a backend reclaiming
+        # an idle entry) is settled like the first copy, once that one is handled.
         try:
             if pending.how is None:
                 waiter = asyncio.get_running_loop().create_future()
@@ -215,17 +126,57 @@ class Inbox:
                 finally:
                     pending.waiters.remove(waiter)
         finally:
-            if pending.how is not None and self.inflight.get(signal.id) is pending:
-                del self.inflight[signal.id]
+            if pending.how is not None and self.inflight.get(signal_id) is pending:
+                del self.inflight[signal_id]
         how = pending.how
         if how == "retry":
             raise _Refused(
-                f"the handler of thread {self.thread_key!r} failed on signal {signal.id}"
+                f"the handler of thread {self.thread_key!r} failed on signal {signal_id}"
             )
         if how == "abandon":
             await _block_until_cancelled()
 
+    def _admit(self, event: Event) -> Pending | None:
+        """The delivered signal ``event``, buffered for a run (or the copy already
+        held), or ``None`` when it is settled here without one: a request skipped,
+        discarded or carried it."""
+        data = event.data
+        arrived = Signal(
+            id=event.id or "",
+            thread_key=data["thread"],
+            payload=data["payload"],
+            sent_at=event.created_at or 0.0,
+            attempt=event.attempt,
+        )
+        if self._skips.settles(arrived):
+            return None  # acknowledged unrun: a request skipped or discarded it
+        signal = self._carry.arrived(arrived)
+        if signal is None:
+            return None  # settled as coalesced into a newer signal
+        pending = self.inflight.get(signal.id)
+        if pending is not None:
+            return pending
+        if not self.awake and (self._wakes(data) or arrived.attempt > 1):
+            self.awake = True
+        window = _window_of(data)
+        pending = Pending(signal, held=window is not None)
+        if window is not None:
+            self._debounce.arrived(signal.id, window)
+        self.inflight[signal.id] = pending
+        self._put(pending)
+        return pending
+
+    def _put(self, pending: Pending) -> None:
+        """Buffer ``pending`` for a run."""
+        self.buffer.append(pending)
+        self.arrived.set()
+
     # -- what runs read -----------------------------------------------------
+
+    @property
+    def held(self) -> list[Signal]:
+        """The debounced signals acknowledged and held for a newer one's run."""
+        return self._debounce.held
 
     @property
     def has_work(self) -> bool:
@@ -255,18 +206,15 @@ class Inbox:
             pending = self._choose(loop.time())
             if pending is not None:
                 self._next = None
-                taken = self._taken
-                taken[pending.signal.id] = None
-                if len(taken) > _TAKEN_KEPT:
-                    taken.popitem(last=False)
+                remember(self._taken, pending.signal.id)
                 return pending
             if self.has_work:
                 await self._wait_until(self._hold_until())
             elif loop.time() < deadline:
                 await self._wait_until(deadline)
-            elif self._carried:
+            elif self._carry.carrying:
                 # Signals carried into a coalescing one are on their way to a run.
-                deadline = loop.time() + _CARRY_GRACE_S
+                deadline = loop.time() + CARRY_GRACE_S
             else:
                 return None
         return None
@@ -307,17 +255,7 @@ class Inbox:
         self.arrived.clear()
         if self._lost.is_set():
             return
-        self._wake_at = deadline
-        timer = self._timer
-        if timer is None or timer.when() > deadline:
-            if timer is not None:
-                timer.cancel()
-            self._timer = asyncio.get_running_loop().call_at(deadline, self._on_timer)
-        self._waiting = True
-        try:
-            await self.arrived.wait()
-        finally:
-            self._waiting = False
+        await self.arrived.until(deadline)
 
     # -- debouncing ------------------------------------------------------------
 
@@ -333,27 +271,12 @@ class Inbox:
         one is acknowledged and kept here meanwhile (:attr:`held`). A sender's
         clock enters nowhere: only when this session heard of each signal.
         """
-        heard = self._heard
-        if signal_id in heard:
-            return
-        heard[signal_id] = None
-        if len(heard) > _TAKEN_KEPT:
-            heard.popitem(last=False)
-        self._heard_at = asyncio.get_running_loop().time()
-        self._window = window
-        announced = self._announced_ids
-        if signal_id not in self.inflight and signal_id not in self._taken:
-            announced[signal_id] = None
-            if len(announced) > _TAKEN_KEPT:
-                del announced[next(iter(announced))]
+        known = signal_id in self.inflight or signal_id in self._taken
+        self._debounce.heard(signal_id, window, known=known)
 
     def _hold_until(self) -> float:
-        """When the signal held first may go to a run (or the held ones without
-        the signals announced: see :data:`_ANNOUNCED_WAIT`)."""
-        quiet = self._heard_at + self._window
-        if self.buffer or not self.held:
-            return quiet
-        return quiet + max(self._window, _ANNOUNCED_WAIT)
+        """When the signal held first may go to a run (see :meth:`Debounce.hold_until`)."""
+        return self._debounce.hold_until(bool(self.buffer))
 
     def _held_back(self, now: float) -> bool:
         """Whether a debounce keeps the next signal from a run at ``now``.
@@ -363,7 +286,7 @@ class Inbox:
         if self._next is not None:
             return False
         if self.buffer:
-            return self.buffer[0].held and now < self._heard_at + self._window
+            return self.buffer[0].held and not self._debounce.quiet(now)
         return bool(self.held) and now < self._hold_until()
 
     def _choose(self, now: float) -> Pending | None:
@@ -372,55 +295,32 @@ class Inbox:
             return self._next
         if not self.awake:
             return None
+        debounce = self._debounce
         while self.buffer and self._next is None:
             head = self.buffer[0]
             if not head.held:
                 # Held signals before one sent otherwise: they go first, together.
-                self._next = self._release_held() if self.held else self.buffer.popleft()
-            elif now < self._heard_at + self._window:
+                self._next = debounce.release() if self.held else self.buffer.popleft()
+            elif not debounce.quiet(now):
                 return None
             else:
                 self.buffer.popleft()
-                if (self.buffer and self.buffer[0].held) or self._announced_ids:
+                if (self.buffer and self.buffer[0].held) or debounce.announcing:
                     # Newer held signals wait behind it, or are on their way:
                     # keep this one and read them.
-                    self.held.extend(head.signal.coalesced)
-                    self.held.append(replace(head.signal, coalesced=()))
+                    debounce.keep(head.signal)
                     settle(head, "ack")
                 else:
-                    head.signal = self._hand_held(head.signal)
+                    head.signal = debounce.hand(head.signal)
                     self._next = head
         if self._next is None and not self.buffer and self.held and now >= self._hold_until():
-            self._announced_ids.clear()
-            self._next = self._release_held()
+            debounce.give_up_announced()
+            self._next = debounce.release()
         return self._next
-
-    def _hand_held(self, signal: Signal) -> Signal:
-        """``signal`` with the held signals before it, each settled as coalesced into it."""
-        held, self.held = self.held, []
-        for old in held:
-            self._on_coalesced(old.id, signal.id)
-        return replace(signal, coalesced=(*held, *signal.coalesced)) if held else signal
-
-    def _release_held(self) -> Pending:
-        """The held signals as one, the newest with the older ones (already acknowledged)."""
-        newest = self.held.pop()
-        return Pending(self._hand_held(newest), how="ack")
 
     def wake(self) -> None:
         """Wake a wait under way (the lease was lost)."""
         self.arrived.set()
-
-    def _on_timer(self) -> None:
-        """The idle timer fired: wake the wait under way if its deadline has come."""
-        self._timer = None
-        if not self._waiting:
-            return  # nobody waits: the next wait sets it again
-        loop = asyncio.get_running_loop()
-        if loop.time() >= self._wake_at:
-            self.arrived.set()
-        else:
-            self._timer = loop.call_at(self._wake_at, self._on_timer)
 
     # -- requests and skips --------------------------------------------------
 
@@ -429,171 +329,32 @@ class Inbox:
         return signal_id in self._taken
 
     def skip_through(self, signal_id: str, sent_at: float) -> list[Pending]:
-        """Acknowledge unhandled the buffered signals sent before ``signal_id``; returns them.
-
-        The buffer is in log order, so what waits ahead of ``signal_id`` was sent
-        before it. When ``signal_id`` has not arrived, the buffered signals sent
-        no later than ``sent_at`` (by their senders' clocks) are, and so is each
-        such signal that arrives before ``signal_id`` does.
-        """
-        waiting = [p.signal.id for p in self.buffer]
-        if signal_id in waiting:
-            skipped = [self.buffer.popleft() for _ in range(waiting.index(signal_id))]
-        else:
-            if signal_id not in self.inflight:
-                self._skip_until = (signal_id, sent_at)
-            skipped = [p for p in self.buffer if p.signal.sent_at <= sent_at]
-            for pending in skipped:
-                self.buffer.remove(pending)
-        for old in skipped:
-            settle(old, "ack")
-        return skipped
+        """Acknowledge unhandled the buffered signals sent before ``signal_id``
+        (see :meth:`Skips.through <._skips.Skips.through>`); returns them."""
+        return self._skips.through(signal_id, sent_at)
 
     def discard(self, signal_id: str) -> None:
         """Settle ``signal_id`` unrun, as discarded: now if it waits here, when
         it arrives otherwise (unless a run took it already)."""
-        for pending in self.buffer:
-            if pending.signal.id == signal_id:
-                self.buffer.remove(pending)
-                settle(pending, "ack")
-                self._discarded(signal_id)
-                return
-        if signal_id in self.inflight or signal_id in self._taken:
-            return
-        discarding = self._discarding
-        discarding[signal_id] = None
-        if len(discarding) > _TAKEN_KEPT:
-            discarding.popitem(last=False)
+        self._skips.discard(signal_id, taken=signal_id in self._taken)
 
-    def _discarded(self, signal_id: str) -> None:
-        self.discarded += 1
-        self._on_discarded(signal_id)
-
-    def _skipped(self, signal: Signal) -> bool:
-        """Whether ``signal`` is one a request skips (sent before the requesting one)."""
-        if self._skip_until is None:
-            return False
-        signal_id, sent_at = self._skip_until
-        if signal.id == signal_id or signal.sent_at > sent_at:
-            self._skip_until = None  # the requesting signal, or a newer one: back to normal
-            return False
-        self._on_skipped(signal)
-        return True
+    @property
+    def discarded(self) -> int:
+        """How many signals this inbox settled as discarded."""
+        return self._skips.discarded
 
     def carry_through(self, signal_id: str, sent_at: float) -> None:
-        """Carry into the coalescing signal ``signal_id`` the signals waiting before it.
-
-        Decided in log order, never on the senders' clocks: the run of the last
-        coalescing signal to arrive receives every signal carried before it in
-        ``Signal.coalesced``, oldest first, and :attr:`on_coalesced` is told of
-        each then. A signal is acknowledged when it is carried (it has reached
-        this inbox), not before, so one this owner had no time to read stays in
-        the log for the next. When ``signal_id`` has not arrived, it comes later
-        in the log than everything read so far: every signal read until it
-        arrives is carried (a signal sent ``_STALE_S`` after it, by the senders'
-        clocks, ends that wait; so does ``_CARRY_GRACE_S`` with nothing read,
-        the newest carried signal then running with the others).
-        """
-        if any(s.id == signal_id for s in self._carried):
-            return  # carried already: a later coalescing signal was known to come
-        waiting = [p.signal.id for p in self.buffer]
-        if signal_id not in waiting:
-            if signal_id in self.inflight:
-                return  # being handled: nothing waits before it any more
-            self._coming[signal_id] = sent_at
-            self._carry_waiting(len(self.buffer))
-            return
-        if self._coming:
-            # Another coalescing signal, later in the log, is still to come.
-            self._carry_waiting(waiting.index(signal_id) + 1)
-            return
-        self._carry_waiting(waiting.index(signal_id))
-        head = self.buffer[0]
-        head.signal = self._with_carried(head.signal)
-
-    def _carry_waiting(self, count: int) -> None:
-        """Carry the first ``count`` waiting signals (they precede a coalescing one)."""
-        for _ in range(count):
-            pending = self.buffer.popleft()
-            self._carry(pending.signal)
-            settle(pending, "ack")
-
-    def _carry(self, signal: Signal) -> None:
-        self._carried.extend(signal.coalesced)
-        self._carried.append(replace(signal, coalesced=()))
-        if self._carry_timer is not None:
-            self._carry_timer.cancel()
-        self._carry_timer = asyncio.get_running_loop().call_later(_CARRY_GRACE_S, self._end_carry)
-
-    def _with_carried(self, signal: Signal) -> Signal:
-        """``signal`` with the signals carried into it; each is now settled as coalesced."""
-        if self._carry_timer is not None:
-            self._carry_timer.cancel()
-            self._carry_timer = None
-        carried, self._carried = self._carried, []
-        if not carried:
-            return signal
-        for old in carried:
-            self._on_coalesced(old.id, signal.id)
-        return replace(signal, coalesced=(*carried, *signal.coalesced))
-
-    def _carried_into(self, signal: Signal) -> Signal | None:
-        """``signal`` as a run should see it, or ``None`` when it is carried into a
-        coalescing signal still to come (later in the log)."""
-        if not self._coming and not self._carried:
-            return signal
-        self._coming.pop(signal.id, None)
-        for signal_id, sent_at in list(self._coming.items()):
-            if signal.sent_at > sent_at + _STALE_S:
-                del self._coming[signal_id]  # it would have come by now: taken elsewhere
-        if self._coming:
-            self._carry(signal)
-            return None
-        return self._with_carried(signal)
-
-    def _end_carry(self) -> None:
-        """Nothing read for a while: the requested signals are not coming (another
-        owner took them); the newest carried signal runs, with the others."""
-        self._carry_timer = None
-        self._coming.clear()
-        if not self._carried:
-            return
-        *older, newest = self._carried
-        self._carried = older
-        # Acknowledged when it was carried: a run failing on it cannot have it back.
-        self.buffer.append(Pending(self._with_carried(newest)))
-        self.arrived.set()
+        """Carry into the coalescing signal ``signal_id`` the signals waiting
+        before it (see :meth:`Carry.through <._coalesce.Carry.through>`)."""
+        self._carry.through(signal_id, sent_at)
 
     # -- the end ---------------------------------------------------------------
 
     def abandon_all(self) -> None:
         """Leave every unsettled signal to the next owner (the session ends)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._carry_timer is not None:
-            self._carry_timer.cancel()
-            self._carry_timer = None
-        if self._carried:
-            # Acknowledged when read, waiting for a coalescing signal this session
-            # will not read: the next owner runs that one without them.
-            logger.warning(
-                "thread %r: %d signal(s) carried into a coalescing signal not yet read "
-                "are dropped as the session ends: %s",
-                self.thread_key,
-                len(self._carried),
-                ", ".join(s.id for s in self._carried),
-            )
-            self._carried = []
-        self._coming.clear()
-        if self.held:
-            # Acknowledged to read newer ones: gone with this session (docs/policies.md).
-            logger.warning(
-                "thread %r: %d debounced signal(s) acknowledged but not yet run are dropped",
-                self.thread_key,
-                len(self.held),
-            )
-            self.held.clear()
+        self.arrived.cancel()
+        self._carry.drop(self.thread_key)
+        self._debounce.drop(self.thread_key)
         self._next = None
         while self.buffer:
             settle(self.buffer.popleft(), "abandon")

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .. import telemetry
 from .._errors import ConfigurationError, LeaseLost
-from ._inbox import Inbox, Pending, settle
+from ._inbox import Inbox
 from ._observe import Emit
 from ._output import check_kind
+from ._pending import Pending, settle
 from ._types import EventKind, Signal
 
 if TYPE_CHECKING:

@@ -24,12 +24,13 @@ from typing import cast
 
 from .._errors import LeaseLost, TenureError
 from .._pubsub import Event, LeaseFence
+from ._closing import Closing
 from ._context import SessionContext
 from ._control import Control
 from ._identity import Holder
 from ._inbox import Inbox
 from ._lease import ThreadLease
-from ._log import CLOSE_MARKER, GROUP, FencedLog
+from ._log import GROUP, FencedLog
 from ._policies import SendRule, wakes_on_wire
 from ._run import RunEnd, ThreadRun, call_handler, ended_as, finish, stop
 from ._types import EventKind
@@ -77,12 +78,10 @@ class Session:
             wakes=lambda data: wakes_on_wire(data, ctx.rule),
             awake=awake,
         )
-        self.closing = False
+        self._closing = Closing(ctx, self.topic, thread_key, holder.sid, self.inbox, self.lost)
         self.done = False
         self._stopping = False  # stop() came (aclose): a session still opening never runs
         self.ended = asyncio.Event()
-        self._late_send = False
-        self._late_wake = False  # one of the late sends wakes the thread
         # Ended at a persisted signal without a run (nothing woke the thread).
         self.slept = False
         self.run: ThreadRun | None = None
@@ -136,9 +135,7 @@ class Session:
     def sent_here(self, rule: SendRule, signal_id: str, sent_at: float) -> None:
         """A send of this process stored ``signal_id`` for this session's thread."""
         self._overtake(rule, signal_id, sent_at)
-        if self.closing:
-            self._late_send = True
-            self._late_wake = self._late_wake or rule.wakes
+        self._closing.sent_here(rule.wakes)
 
     def _overtake(self, rule: SendRule, signal_id: str, sent_at: float) -> None:
         self.control.overtake(rule, self.run, self._run_task, self.inbox, signal_id, sent_at)
@@ -240,7 +237,7 @@ class Session:
                     # it stays stored (handed back as the session ends).
                     self.done = self.slept = True
                     break
-                if not self.inbox.has_work and await self._close_handshake():
+                if not self.inbox.has_work and await self._closing.handshake():
                     # Decided: from here on, late deliveries are left for the next owner.
                     self.done = True
                     break
@@ -273,56 +270,6 @@ class Session:
             await self.lease.open()
         except LeaseLost as exc:
             self.lease.renewer.lose(exc.reason)
-            return False
-        return True
-
-    async def _close_handshake(self) -> bool:
-        """Publish a close marker and read up to it; ``True`` when nothing came before it."""
-        ctx, inbox = self._ctx, self.inbox
-        self.closing = True
-        self._late_send = False
-        inbox.marker_seq += 1
-        inbox.marker_seen.clear()
-        timeout = ctx.settings.marker_timeout
-        # The publish shares the marker's time limit: a log that stopped answering
-        # must not keep the thread's lease (renewed on the lease provider's own
-        # connection) until the driver's socket timeout. Whether the marker went
-        # out is then unknown; closing is safe either way, because unsubscribing
-        # hands whatever came before it back to the group.
-        marker = Event(CLOSE_MARKER, {"session": self.sid, "seq": inbox.marker_seq})
-        try:
-            await asyncio.wait_for(ctx.log.publish(self.topic, marker), timeout)
-        except TimeoutError:
-            logger.warning(
-                "publishing the close marker of session %s on %r took over %.1f s; closing",
-                self.sid,
-                self.thread_key,
-                timeout,
-            )
-            return True
-        waiters = [
-            asyncio.ensure_future(inbox.marker_seen.wait()),
-            asyncio.ensure_future(inbox.arrived.wait()),
-            asyncio.ensure_future(self.lost.wait()),
-        ]
-        inbox.arrived.clear()
-        try:
-            if not inbox.has_work:
-                done, _ = await asyncio.wait(
-                    waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                )
-                if not done:
-                    logger.warning(
-                        "close marker of session %s on %r not read back within %.1f s; closing",
-                        self.sid,
-                        self.thread_key,
-                        timeout,
-                    )
-        finally:
-            for w in waiters:
-                w.cancel()
-        if inbox.has_work and not self.lost.is_set():
-            self.closing = False
             return False
         return True
 
@@ -415,8 +362,9 @@ class Session:
         self.ended.set()
         # Signals may have gone back to the log after the next owner looked, or a
         # local send slipped in after the close marker: someone must look for them.
+        closing = self._closing
         self._ctx.ended(
-            self.thread_key, self.sid, self.lost.is_set() or self._late_send, self._late_wake
+            self.thread_key, self.sid, self.lost.is_set() or closing.late_send, closing.late_wake
         )
 
     async def stop(self) -> None:
