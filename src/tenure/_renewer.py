@@ -382,41 +382,29 @@ class Renewals:
             if exc is not None:
                 if not isinstance(exc, Exception):
                     raise exc
-                error = (
-                    "the renew call did not return in time"
-                    if isinstance(exc, TimeoutError)
-                    else repr(exc)
-                )
-                logger.warning(
-                    "renewing %s failed, retrying until the renew deadline: %s",
-                    f"lease {pending[0].key!r} of {pending[0].owner!r}"
-                    if len(pending) == 1
-                    else f"{len(pending)} leases",
-                    error,
-                )
-                telemetry.count(
-                    "tenure.lease.renew.failures",
-                    {"tenure.error": type(exc).__name__},
-                    amount=len(pending),
-                )
+                error = _failed(pending, exc)
                 soonest = min(m.deadline for m in pending)
                 await asyncio.sleep(max(0.0, min(delay, soonest - self._clock())))
                 delay = min(delay * 2, every / 2)
                 continue
-            now = self._clock()
-            for m, ok in zip(pending, call.result(), strict=True):
-                if not m.alive:
-                    continue  # lost at its deadline while the call was in flight, or released
-                if not ok:
-                    m.lose(
-                        "a renewal was refused: the backend reports the lease is no longer "
-                        "held by its owner"
-                    )
-                elif now >= m.deadline:
-                    m.lose(m._deadline_reason("the renewal succeeded only after it"))
-                else:
-                    m.valid_from = sent
+            self._renewed(pending, call.result(), sent)
             return
+
+    def _renewed(self, pending: list[Renewer], results: list[bool], sent: float) -> None:
+        """Apply the answers of a renew call sent at ``sent`` to the leases in it."""
+        now = self._clock()
+        for m, ok in zip(pending, results, strict=True):
+            if not m.alive:
+                continue  # lost at its deadline while the call was in flight, or released
+            if not ok:
+                m.lose(
+                    "a renewal was refused: the backend reports the lease is no longer "
+                    "held by its owner"
+                )
+            elif now >= m.deadline:
+                m.lose(m._deadline_reason("the renewal succeeded only after it"))
+            else:
+                m.valid_from = sent
 
     async def _send(self, pending: list[Renewer]) -> list[bool]:
         if len(pending) == 1:
@@ -448,3 +436,19 @@ class Renewals:
             for m in live:
                 if now >= m.deadline:
                     m.lose(m._deadline_reason(why))
+
+
+def _failed(pending: list[Renewer], exc: Exception) -> str:
+    """Log and count a renew call of ``pending`` that raised ``exc``; why it failed."""
+    error = "the renew call did not return in time" if isinstance(exc, TimeoutError) else repr(exc)
+    logger.warning(
+        "renewing %s failed, retrying until the renew deadline: %s",
+        f"lease {pending[0].key!r} of {pending[0].owner!r}"
+        if len(pending) == 1
+        else f"{len(pending)} leases",
+        error,
+    )
+    telemetry.count(
+        "tenure.lease.renew.failures", {"tenure.error": type(exc).__name__}, amount=len(pending)
+    )
+    return error

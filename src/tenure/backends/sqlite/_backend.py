@@ -80,6 +80,18 @@ def _convert_option(name: str, value: Any) -> Any:
         ) from None
 
 
+def _from_url(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The path and the options a ``sqlite://`` URL gives (see ``from_url``)."""
+    if not isinstance(url, str):
+        raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
+    path = _path_from_url(url)
+    query = parse_query(url, _URL_OPTIONS, what="sqlite").ours
+    for name in options:
+        if name in query:
+            raise ConfigurationError(f"sqlite option {name!r} is given in the URL and as a keyword")
+    return path, query
+
+
 def _path_from_url(url: str) -> str:
     shown = redact_url(url)
     try:
@@ -360,15 +372,7 @@ class SqlitePubSub(SqliteLeases, SqliteEvents):
         the path would otherwise give a second, private database), unless
         ``create_dirs=1``: then missing directories are created at first use.
         """
-        if not isinstance(url, str):
-            raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
-        path = _path_from_url(url)
-        query = parse_query(url, _URL_OPTIONS, what="sqlite").ours
-        for name in options:
-            if name in query:
-                raise ConfigurationError(
-                    f"sqlite option {name!r} is given in the URL and as a keyword"
-                )
+        path, query = _from_url(url, options)
         return cls(path, **query, **options)
 
     async def diagnose(self) -> list[Finding]:
