@@ -191,6 +191,15 @@ _PRUNE = (
 )
 
 
+async def _look_again(group: _Group, asked: int, delay: float) -> None:
+    """A take that read nothing (the backend failed, or the fence held it off):
+    count the topic as read up to ``asked`` for ``flush``, and take again after ``delay``."""
+    group.drained = max(group.drained, asked)
+    group.progress.set()
+    await asyncio.sleep(delay)
+    group.wake.set()
+
+
 class PostgresEvents(ClaimedEvents[_Group]):
     """Pub/sub on the event tables: the event-loop side (mixed into :class:`PostgresPubSub`)."""
 
@@ -397,20 +406,14 @@ class PostgresEvents(ClaimedEvents[_Group]):
                 # The take may have claimed events all the same: the next take
                 # takes back what this instance holds and does not know of.
                 group.unsure = True
-                group.drained = max(group.drained, asked)  # flush does not wait through an outage
-                group.progress.set()
-                await asyncio.sleep(0.5)
-                group.wake.set()
+                await _look_again(group, asked, 0.5)  # flush does not wait through an outage
                 continue
             if claimed is None:
                 # Fenced off: this subscriber's lease is not held (lost, or
                 # not yet visible to this statement). Its holder unsubscribes
                 # soon; look again meanwhile, slowly, without counting the
                 # topic as read (flush does not wait for a fenced subscriber).
-                group.drained = max(group.drained, asked)
-                group.progress.set()
-                await asyncio.sleep(_FENCED_RETRY)
-                group.wake.set()
+                await _look_again(group, asked, _FENCED_RETRY)
                 continue
             self._queue_claimed(group, claimed)
             if len(claimed) >= _BATCH or any(attempt > 1 for _, attempt, _ in claimed):

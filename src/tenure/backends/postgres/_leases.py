@@ -94,6 +94,11 @@ class _Statements(Statements):
     revoke: str
 
 
+def _record(key: bytes, owner: bytes, token: int, ttl: int) -> tuple[str, LeaseRecord]:
+    """A row of the scan as (key, record)."""
+    return bytes(key).decode(), LeaseRecord(bytes(owner).decode(), int(token), max(1, int(ttl)))
+
+
 class PostgresLeaseProvider(LeaseCore):
     """Leases in a PostgreSQL table (``postgresql://`` or ``postgres://``).
 
@@ -304,13 +309,7 @@ class PostgresLeaseProvider(LeaseCore):
                 {"low": low, "high": high, "page": PAGE},
                 retry=True,
             )
-            yield [
-                (
-                    bytes(key).decode(),
-                    LeaseRecord(bytes(owner).decode(), int(token), max(1, int(ttl))),
-                )
-                for key, owner, token, ttl in rows
-            ]
+            yield [_record(*row) for row in rows]
             if len(rows) < PAGE:
                 return
             low = bytes(rows[-1][0]) + b"\0"  # the first key after the page's last

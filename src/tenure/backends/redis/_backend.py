@@ -15,6 +15,7 @@ from ..._errors import ConfigurationError, InvalidArgument
 from ..._validate import MAX_TTL_MS
 from ._client import client_from_url, client_settings
 from ._leases import RedisLeases
+from ._reading import stop_reader
 from ._streams import RedisStreams
 
 __all__ = ["RedisClusterPubSub", "RedisStreamsPubSub"]
@@ -372,7 +373,7 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
         subs = self._take_subs()
         listener = self._release_listener.cancel()
         sweep = self._quarantine.cancel_sweep()
-        await asyncio.gather(*(self._stop(sub) for sub in subs))
+        await asyncio.gather(*(stop_reader(sub) for sub in subs))
         tasks = [t for t in (listener, sweep) if t is not None]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -31,7 +31,7 @@ from ..._pubsub import Callback, Event, LeaseFence, call_back
 from ._connection import RedisParts
 from ._scripts import load_script
 
-__all__ = ["StreamReader"]
+__all__ = ["StreamReader", "stop_reader"]
 
 logger = logging.getLogger("tenure.redis")
 
@@ -104,6 +104,26 @@ class _Sub:
     ack_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     ack_timer: asyncio.TimerHandle | None = None
     ack_writer: asyncio.Task[None] | None = None
+
+
+async def stop_reader(sub: _Sub) -> None:
+    """End the reader of ``sub``; when this returns it takes no more entries."""
+    sub.stopped = True
+    task = sub.task
+    if task is None:
+        return
+    # One cancel is not always enough: redis-py can lose it (see ``_io``), and
+    # a callback can swallow it. Cancel again until the reader has ended; it
+    # also checks ``stopped`` between steps.
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.1)
+    await asyncio.gather(task, return_exceptions=True)
+    if sub.ack_timer is not None:
+        sub.ack_timer.cancel()
+        sub.ack_timer = None
+    if sub.ack_writer is not None:
+        await asyncio.gather(sub.ack_writer, return_exceptions=True)
 
 
 class StreamReader(RedisParts):

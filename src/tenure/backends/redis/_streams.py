@@ -35,7 +35,7 @@ from ..._pubsub import (
 )
 from ..._validate import check_name
 from ._keys import _tag
-from ._reading import _RETURNED, _RETURNED_IDLE_MS, StreamReader, _Sub
+from ._reading import _RETURNED, _RETURNED_IDLE_MS, StreamReader, _Sub, stop_reader
 from ._scripts import load_script
 
 if TYPE_CHECKING:
@@ -301,28 +301,8 @@ class RedisStreams(StreamReader, PubSub):
             self._subs.pop(topic, None)
         if sub is None:
             return
-        await self._stop(sub)
+        await stop_reader(sub)
         await self._retire(sub)
-
-    @staticmethod
-    async def _stop(sub: _Sub) -> None:
-        """End the reader of ``sub``; when this returns it takes no more entries."""
-        sub.stopped = True
-        task = sub.task
-        if task is None:
-            return
-        # One cancel is not always enough: redis-py can lose it (see ``_io``), and
-        # a callback can swallow it. Cancel again until the reader has ended; it
-        # also checks ``stopped`` between steps.
-        while not task.done():
-            task.cancel()
-            await asyncio.wait([task], timeout=0.1)
-        await asyncio.gather(task, return_exceptions=True)
-        if sub.ack_timer is not None:
-            sub.ack_timer.cancel()
-            sub.ack_timer = None
-        if sub.ack_writer is not None:
-            await asyncio.gather(sub.ack_writer, return_exceptions=True)
 
     async def _retire(self, sub: _Sub) -> None:
         """Remove a stopped subscription's trace: its private group, or its member.
