@@ -19,7 +19,10 @@ The LangGraph workload's checkpoint histories are judged by the same functions
 (:func:`checkpoint_writes` makes each checkpoint a write, in LangGraph's
 history order): **overlap** and **interleaved** on the history (a token that
 goes backwards, two runs' checkpoints interleaved), **order** (signals first
-checkpointed in send order); and **answers** on the final states: every signal
+checkpointed in send order); **overlap** again in the order the saver committed
+the checkpoints, where it keeps one (SQLite's rowid: a stale checkpoint stored
+after a newer owner's, which the history, ordered by checkpoint id, can place
+before it); and **answers** on the final states: every signal
 whose send returned was applied and answered exactly once, and no signal more
 than once.
 
@@ -181,8 +184,15 @@ def interleaved(writes: Iterable[Write]) -> list[Interleaved]:
     return out
 
 
-def checkpoint_writes(checkpoints: Iterable[Checkpoint]) -> list[Write]:
-    """Each checkpoint as a write of its run, ``order`` its place in the history."""
+def checkpoint_writes(checkpoints: Iterable[Checkpoint], *, stored: bool = False) -> list[Write]:
+    """Each checkpoint as a write of its run, ``order`` its place in the history; with
+    ``stored``, its place in the saver's commit order (only the checkpoints that have one)."""
+    if stored:
+        return [
+            Write(c.stored, c.namespace, c.thread, c.token, c.run_id, c.signal_id, c.worker, 0)
+            for c in checkpoints
+            if c.stored is not None
+        ]
     return [
         Write(i, c.namespace, c.thread, c.token, c.run_id, c.signal_id, c.worker, 0)
         for i, c in enumerate(checkpoints, 1)
@@ -357,6 +367,8 @@ class ThreadReport:
     checkpoints: int = 0
     history_overlaps: list[Overlap] = field(default_factory=list)
     history_reordered: list[Reordered] = field(default_factory=list)
+    # Tokens going backwards in the saver's commit order (see checkpoint_writes).
+    stored_overlaps: list[Overlap] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
     forks: int = 0
 
@@ -372,6 +384,7 @@ class ThreadReport:
             + len(self.interleaved)
             + len(self.history_overlaps)
             + len(self.history_reordered)
+            + len(self.stored_overlaps)
             + len(self.answers)
         )
 
@@ -389,6 +402,7 @@ class ThreadReport:
         if self.checkpoints or self.answers:
             counts["checkpoint overlaps"] = len(self.history_overlaps)
             counts["checkpoint order"] = len(self.history_reordered)
+            counts["checkpoints stored backwards"] = len(self.stored_overlaps)
             counts["not answered once"] = len(self.answers)
         return counts
 
@@ -413,6 +427,7 @@ class ThreadReport:
         lines += [i.describe() for i in self.interleaved[:limit]]
         lines += [f"checkpoint {o.describe()}" for o in self.history_overlaps[:limit]]
         lines += [f"checkpoint {r.describe()}" for r in self.history_reordered[:limit]]
+        lines += [f"checkpoint stored {o.describe()}" for o in self.stored_overlaps[:limit]]
         lines += self.answers[:limit]
         return lines
 
@@ -484,6 +499,7 @@ def check(
         checkpoints=len(checkpoints),
         history_overlaps=overlaps(history),
         history_reordered=order_violations(stored, history),
+        stored_overlaps=overlaps(checkpoint_writes(checkpoints, stored=True)),
         answers=answers(stored, states) if states else [],
         forks=forks(checkpoints),
     )

@@ -266,6 +266,9 @@ class Checkpoint:
     signal_id: str
     run_id: str
     worker: str
+    # Where the saver put it in commit order (SQLite's rowid); None where the
+    # saver keeps no such order (PostgreSQL).
+    stored: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,19 +220,23 @@ async def setup(where: str) -> None:
         await saver.setup()
 
 
+# A thread's history in LangGraph's order, with where the saver stored each
+# checkpoint in commit order: SQLite's rowid (a write is one transaction on the
+# one writer; a replaced row gets a new one); PostgreSQL keeps no such order.
 _HISTORY = (
-    "SELECT checkpoint_id, parent_checkpoint_id, CAST(metadata AS TEXT) FROM checkpoints "
-    "WHERE thread_id = {p} AND checkpoint_ns = '' ORDER BY checkpoint_id"
+    "SELECT checkpoint_id, parent_checkpoint_id, CAST(metadata AS TEXT), {stored} "
+    "FROM checkpoints WHERE thread_id = {p} AND checkpoint_ns = '' ORDER BY checkpoint_id"
 )
 
 
-def _rows(where: str, thread: str) -> list[tuple[str, str | None, str]]:
+def _rows(where: str, thread: str) -> list[tuple[str, str | None, str, int | None]]:
     if where.startswith("postgresql"):
         with psycopg.connect(where) as pg:
-            found = pg.execute(_HISTORY.format(p="%s"), (thread,)).fetchall()
-            return [(a, b, c) for a, b, c in found]
+            query = _HISTORY.format(p="%s", stored="NULL::bigint")
+            found = pg.execute(query, (thread,)).fetchall()
+            return [(a, b, c, d) for a, b, c, d in found]
     with sqlite3.connect(where) as db:
-        rows = db.execute(_HISTORY.format(p="?"), (thread,)).fetchall()
+        rows = db.execute(_HISTORY.format(p="?", stored="rowid"), (thread,)).fetchall()
     db.close()
     return rows
 
@@ -244,7 +248,7 @@ async def read_history(where: str, threads: Sequence[Sequence[str]], workdir: Pa
     async with open_saver(where, fenced=False) as saver:
         for namespace, thread in threads:
             rows = await asyncio.to_thread(_rows, where, thread)
-            for checkpoint_id, parent, text in rows:
+            for checkpoint_id, parent, text, stored in rows:
                 meta = json.loads(text)
                 doc = Checkpoint(
                     namespace,
@@ -255,6 +259,7 @@ async def read_history(where: str, threads: Sequence[Sequence[str]], workdir: Pa
                     str(meta.get("run_id")),
                     str(meta.get("tenure_run")),
                     str(meta.get("worker")),
+                    stored,
                 )
                 checkpoints.append(json.dumps(asdict(doc)))
             latest = await saver.aget_tuple({"configurable": {"thread_id": thread}})

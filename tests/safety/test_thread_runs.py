@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,23 @@ def test_checkpoint_writes_keep_the_history_order() -> None:
         (1, "a", 1, "r1"),
         (2, "b", 2, "r2"),
     ]
+
+
+def test_a_stale_checkpoint_stored_after_a_newer_owners_is_caught() -> None:
+    """The SQLite fork of the LangGraph soak: by checkpoint id the history reads
+    tokens 5, 5, 9, 9, but the saver committed the stale run's second checkpoint
+    (token 5) after the successor's two. Only the commit order shows it."""
+    history = [cp(1, "a", 5), cp(2, "a", 5), cp(3, "b", 9, parent=1), cp(4, "b", 9)]
+    stored = [replace(c, stored=n) for c, n in zip(history, (1, 4, 2, 3), strict=True)]
+    report = check([sent("a", 1), sent("b", 2)], [], checkpoints=stored)
+    assert [(o.newer.token, o.stale.token) for o in report.stored_overlaps] == [(9, 5)]
+    assert report.counts()["checkpoints stored backwards"] == 1
+    assert report.violations >= 1
+    assert report.history_overlaps == []  # the history order alone misses it
+    # A saver without a commit order (PostgreSQL) is judged on its history only.
+    assert check([sent("a", 1), sent("b", 2)], [], checkpoints=history).stored_overlaps == []
+    in_order = [replace(c, stored=n) for n, c in enumerate(history, 1)]
+    assert check([sent("a", 1), sent("b", 2)], [], checkpoints=in_order).stored_overlaps == []
 
 
 def test_a_checkpoint_off_the_previous_one_is_a_fork() -> None:
