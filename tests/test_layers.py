@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,29 +35,35 @@ def test_the_layers_hold() -> None:
     assert "0 broken" in done.stdout
 
 
-def _copy(tmp_path: Path) -> Path:
+@pytest.mark.parametrize(
+    ("module", "wrong", "rule", "named"),
+    [
+        # A runtime module importing a backend.
+        (
+            "_sending.py",
+            "from ..backends import memory as _memory",
+            "The runtime reaches a backend through the contract",
+            "BROKEN",
+        ),
+        # A runtime room importing one above it.
+        (
+            "_inbox.py",
+            "from . import _session as _up",
+            "The runtime's rooms (docs/runtime.md)",
+            "tenure.runtime._inbox -> tenure.runtime._session",
+        ),
+    ],
+)
+def test_a_wrong_import_fails_naming_the_rule(
+    tmp_path: Path, module: str, wrong: str, rule: str, named: str
+) -> None:
     copy = tmp_path / "tree"
     for part in ("src", "safety", "benchmarks"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
-    return copy
-
-
-def test_a_runtime_module_importing_a_backend_fails_naming_the_rule(tmp_path: Path) -> None:
-    copy = _copy(tmp_path)
-    sending = copy / "src" / "tenure" / "runtime" / "_sending.py"
-    sending.write_text(sending.read_text() + "\nfrom ..backends import memory as _memory  # noqa\n")
+    source = copy / "src" / "tenure" / "runtime" / module
+    source.write_text(source.read_text() + f"\n{wrong}  # noqa\n")
     done = _lint(copy)
     assert done.returncode != 0
-    assert "The runtime reaches a backend through the contract" in done.stdout
-    assert "BROKEN" in done.stdout
-
-
-def test_a_runtime_room_importing_one_above_it_fails_naming_the_rule(tmp_path: Path) -> None:
-    copy = _copy(tmp_path)
-    inbox = copy / "src" / "tenure" / "runtime" / "_inbox.py"
-    inbox.write_text(inbox.read_text() + "\nfrom . import _session as _up  # noqa\n")
-    done = _lint(copy)
-    assert done.returncode != 0
-    assert "The runtime's rooms (docs/runtime.md)" in done.stdout
-    assert "tenure.runtime._inbox -> tenure.runtime._session" in done.stdout
+    assert rule in done.stdout
+    assert named in done.stdout
