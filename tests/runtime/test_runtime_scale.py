@@ -294,3 +294,39 @@ async def test_a_thread_whose_group_a_sql_backend_forgot_runs_its_next_signals(
         async with ThreadRuntime(backend, handler, ttl_ms=TTL_MS, idle_timeout=0.05) as rt:
             # Every thread's session ends and its group row is deleted.
             await three_rounds(rt, handled, lambda: left()["groups"] == 0, timeout=15)
+
+
+@pytest.mark.asyncio
+async def test_an_idle_live_thread_waits_for_its_next_signal_in_long_reads() -> None:
+    """Threads in a run, each waiting for its next signal: each thread's fenced
+    reader waits in an ``XREAD BLOCK`` of up to 10 s, within half the client's
+    socket timeout (5 s by default: 2.5 s), not of ``block_ms`` (1 s). The clock
+    here is the renewal: the batch renews every lease once per TTL / 3 (1 s; one
+    ``PEXPIRE`` each)."""
+    threads = 20
+    rounds = 11
+    got = 0
+
+    async def handler(run: ThreadRun) -> None:
+        nonlocal got
+        async for _ in run.signals():
+            got += 1
+
+    with RedisServer() as server:
+        wait_out_quarantine(server.url, max_ttl_ms=TTL_MS)
+        stats = redis.Redis.from_url(server.url)
+        backend = RedisStreamsPubSub.from_url(server.url, max_ttl_ms=TTL_MS)
+        try:
+            async with ThreadRuntime(backend, handler, ttl_ms=TTL_MS, idle_timeout=60) as rt:
+                for i in range(threads):
+                    await rt.send_signal(f"t{i}", i)
+                await eventually(lambda: got == threads)
+                waits, renewed = calls(stats, "xread"), calls(stats, "pexpire")
+                await eventually(
+                    lambda: calls(stats, "pexpire") >= renewed + rounds * threads, timeout=60
+                )
+                # About ten seconds: four or five waits of 2.5 s a thread; of 1 s, ten.
+                assert calls(stats, "xread") - waits <= 6 * threads
+        finally:
+            await backend.aclose()
+            stats.close()

@@ -15,7 +15,7 @@ from ..._errors import ConfigurationError, InvalidArgument
 from ..._validate import MAX_TTL_MS
 from ._client import client_from_url, client_settings
 from ._leases import RedisLeases
-from ._reading import stop_reader
+from ._reading import FENCED_BLOCK_MS, stop_reader
 from ._streams import RedisStreams
 
 __all__ = ["RedisClusterPubSub", "RedisStreamsPubSub"]
@@ -254,7 +254,14 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     that prefix and takes nothing otherwise; it waits for new entries with
     ``XREAD BLOCK``, which takes nothing. A subscriber whose lease is gone can
     then not take what the next holder reclaimed or is about to read. The
-    thread runtime subscribes this way.
+    thread runtime subscribes this way. Such a wait lasts up to 10 s rather
+    than ``block_ms`` when nothing comes, and so does the look for entries
+    others left between two waits: a fenced subscriber is its group's sole
+    reader, elected by the lease, and takes what its predecessor left when it
+    subscribes. Like every blocking read it ends within half the client's
+    ``socket_timeout``: 2.5 s with the default of 5 s, so that an idle live
+    thread of the runtime costs one wait and one take per 2.5 s rather than
+    per second (per 10 s with a ``socket_timeout`` of 20 s or none).
     """
 
     capabilities = RedisLeases.capabilities | RedisStreams.capabilities
@@ -308,14 +315,17 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
             retention_ms=retention_ms,
         )
         socket_timeout = kwargs.get("socket_timeout")
+        fenced_block_ms = max(block_ms, FENCED_BLOCK_MS)
         # A blocking read must return before the socket timeout fires.
         if socket_timeout:
             block_ms = max(1, min(block_ms, int(socket_timeout * 500)))
+            fenced_block_ms = max(1, min(fenced_block_ms, int(socket_timeout * 500)))
         self._setup_streams(
             max_attempts=max_attempts,
             stream_maxlen=stream_maxlen,
             claim_idle_ms=claim_idle_ms,
             block_ms=block_ms,
+            fenced_block_ms=fenced_block_ms,
             dedupe_window_ms=dedupe_window_ms,
             retention_ms=retention_ms,
         )

@@ -31,7 +31,7 @@ from ..._pubsub import Callback, Event, LeaseFence, call_back
 from ._connection import RedisParts
 from ._scripts import load_script
 
-__all__ = ["StreamReader", "stop_reader"]
+__all__ = ["FENCED_BLOCK_MS", "StreamReader", "stop_reader"]
 
 logger = logging.getLogger("tenure.redis")
 
@@ -39,6 +39,11 @@ _SETTLE = load_script("settle")
 _FENCED = load_script("fenced")
 _JOIN = load_script("join")
 _FENCED_RETRY = 0.1  # seconds before a read that the fence held off looks again
+# How long a fenced subscriber's wait for new entries lasts at most, and how often
+# it looks for entries others left (ms): it is the sole reader of its group,
+# elected by the lease, and takes what its predecessor left as it subscribes.
+# What an idle live thread of the runtime costs is one wait and one take per wait.
+FENCED_BLOCK_MS = 10_000
 _NOSCRIPT: Any = object()  # a pipelined take found lua/fenced.lua not loaded
 # Acknowledgements written by one run of the script at most.
 _ACK_BATCH = 256
@@ -132,6 +137,7 @@ class StreamReader(RedisParts):
     _max_attempts: int
     _claim_idle_ms: int
     _block_ms: int
+    _fenced_block_ms: int
 
     _retention_ms: int
 
@@ -154,7 +160,8 @@ class StreamReader(RedisParts):
         # Entries handed back by a leaving member are claimable at once: look for
         # them at least once per blocking read, not only every claim_idle_ms / 2
         # (and after every read that returned entries, see below).
-        claim_every = min(self._claim_idle_ms / 2000, self._block_ms / 1000)
+        block_ms = self._block_ms if sub.fence is None else self._fenced_block_ms
+        claim_every = min(self._claim_idle_ms / 2000, block_ms / 1000)
         # After a failure, first re-read this consumer's own pending entries: a
         # lost XREADGROUP reply or XACK leaves them there, and ">" never
         # returns them again.
@@ -250,12 +257,12 @@ class StreamReader(RedisParts):
 
     async def _wait_then_take(self, sub: _Sub, take: tuple[Any, ...]) -> Any:
         """``XREAD BLOCK`` after ``sub.newest``, then the fenced take, pipelined:
-        Redis runs the take as soon as the wait ends (an entry, or ``block_ms``),
+        Redis runs the take as soon as the wait ends (an entry, or ``fenced_block_ms``),
         without a round trip in between. The take's outcome as :meth:`_fenced`
         gives it, or ``_NOSCRIPT`` when the script is not loaded yet."""
         assert sub.fence is not None and sub.newest is not None
         async with self._client.pipeline(transaction=False) as pipe:
-            pipe.xread({sub.stream: sub.newest}, count=1, block=self._block_ms)
+            pipe.xread({sub.stream: sub.newest}, count=1, block=self._fenced_block_ms)
             pipe.evalsha(
                 _FENCED.sha, 2, sub.fence_key, sub.stream, sub.fence.owner_prefix.encode(), *take
             )
