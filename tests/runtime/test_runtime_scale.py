@@ -299,10 +299,11 @@ async def test_a_thread_whose_group_a_sql_backend_forgot_runs_its_next_signals(
 @pytest.mark.asyncio
 async def test_an_idle_live_thread_waits_for_its_next_signal_in_long_reads() -> None:
     """Threads in a run, each waiting for its next signal: each thread's fenced
-    reader waits in an ``XREAD BLOCK`` of up to 10 s, within half the client's
-    socket timeout (5 s by default: 2.5 s), not of ``block_ms`` (1 s). The clock
-    here is the renewal: the batch renews every lease once per TTL / 3 (1 s; one
-    ``PEXPIRE`` each)."""
+    reader waits in an ``XREAD BLOCK``, and its control topic's fan-out reader in
+    an ``XREADGROUP BLOCK``, of up to 10 s within half the client's socket timeout
+    (5 s by default: 2.5 s), not of ``block_ms`` (1 s). The clock here is the
+    renewal: the batch renews every lease once per TTL / 3 (1 s; one ``PEXPIRE``
+    each)."""
     threads = 20
     rounds = 11
     got = 0
@@ -322,11 +323,15 @@ async def test_an_idle_live_thread_waits_for_its_next_signal_in_long_reads() -> 
                     await rt.send_signal(f"t{i}", i)
                 await eventually(lambda: got == threads)
                 waits, renewed = calls(stats, "xread"), calls(stats, "pexpire")
+                reads = calls(stats, "xreadgroup")
                 await eventually(
                     lambda: calls(stats, "pexpire") >= renewed + rounds * threads, timeout=60
                 )
                 # About ten seconds: four or five waits of 2.5 s a thread; of 1 s, ten.
                 assert calls(stats, "xread") - waits <= 6 * threads
+                # The control topic's fan-out reader waits as long (XREADGROUP), and
+                # so does the take (inside the fenced script) after each wait.
+                assert calls(stats, "xreadgroup") - reads <= 12 * threads
         finally:
             await backend.aclose()
             stats.close()

@@ -15,7 +15,7 @@ from ..._errors import ConfigurationError, InvalidArgument
 from ..._validate import MAX_TTL_MS
 from ._client import client_from_url, client_settings
 from ._leases import RedisLeases
-from ._reading import FENCED_BLOCK_MS, stop_reader
+from ._reading import LONG_BLOCK_MS, stop_reader
 from ._streams import RedisStreams
 
 __all__ = ["RedisClusterPubSub", "RedisStreamsPubSub"]
@@ -169,7 +169,12 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     has not read). A ``group`` is a consumer group (created at the stream's
     end the first time, then durable); a fan-out subscription gets a private
     group that is destroyed on unsubscribe and on ``aclose()`` (a process that
-    dies leaves it behind: it holds no data but stays listed). A member
+    dies leaves it behind: it holds no data but stays listed). A member of a
+    shared group waits for new entries up to ``block_ms`` (default 1000) at a
+    time, and looks for what other members left between two waits; a
+    fan-out subscriber, and a fenced one (below), has no one else's entries
+    to look for and waits up to 10 s. Every wait ends within half the
+    client's ``socket_timeout`` (2.5 s with the default of 5 s). A member
     hands its events to its callback one at a time, in stream order. A
     callback that returns acknowledges (``XACK``, by ``lua/settle.lua``, only
     while this member still holds the entry), in a batch with the other
@@ -254,14 +259,13 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
     that prefix and takes nothing otherwise; it waits for new entries with
     ``XREAD BLOCK``, which takes nothing. A subscriber whose lease is gone can
     then not take what the next holder reclaimed or is about to read. The
-    thread runtime subscribes this way. Such a wait lasts up to 10 s rather
-    than ``block_ms`` when nothing comes, and so does the look for entries
-    others left between two waits: a fenced subscriber is its group's sole
-    reader, elected by the lease, and takes what its predecessor left when it
-    subscribes. Like every blocking read it ends within half the client's
-    ``socket_timeout``: 2.5 s with the default of 5 s, so that an idle live
-    thread of the runtime costs one wait and one take per 2.5 s rather than
-    per second (per 10 s with a ``socket_timeout`` of 20 s or none).
+    thread runtime subscribes this way. A fenced subscriber is its group's
+    sole reader, elected by the lease: it takes what its predecessor left when
+    it subscribes, and then waits as a fan-out subscriber does (up to 10 s,
+    within half the socket timeout). An idle live thread of the runtime (its
+    reader, and its control topic's fan-out subscription) so costs a wait
+    each per 2.5 s rather than per second with the default socket timeout,
+    per 10 s with one of 20 s or none.
     """
 
     capabilities = RedisLeases.capabilities | RedisStreams.capabilities
@@ -315,17 +319,17 @@ class RedisStreamsPubSub(RedisLeases, RedisStreams):
             retention_ms=retention_ms,
         )
         socket_timeout = kwargs.get("socket_timeout")
-        fenced_block_ms = max(block_ms, FENCED_BLOCK_MS)
+        long_block_ms = max(block_ms, LONG_BLOCK_MS)
         # A blocking read must return before the socket timeout fires.
         if socket_timeout:
             block_ms = max(1, min(block_ms, int(socket_timeout * 500)))
-            fenced_block_ms = max(1, min(fenced_block_ms, int(socket_timeout * 500)))
+            long_block_ms = max(1, min(long_block_ms, int(socket_timeout * 500)))
         self._setup_streams(
             max_attempts=max_attempts,
             stream_maxlen=stream_maxlen,
             claim_idle_ms=claim_idle_ms,
             block_ms=block_ms,
-            fenced_block_ms=fenced_block_ms,
+            long_block_ms=long_block_ms,
             dedupe_window_ms=dedupe_window_ms,
             retention_ms=retention_ms,
         )

@@ -31,7 +31,7 @@ from ..._pubsub import Callback, Event, LeaseFence, call_back
 from ._connection import RedisParts
 from ._scripts import load_script
 
-__all__ = ["FENCED_BLOCK_MS", "StreamReader", "stop_reader"]
+__all__ = ["LONG_BLOCK_MS", "StreamReader", "stop_reader"]
 
 logger = logging.getLogger("tenure.redis")
 
@@ -39,11 +39,13 @@ _SETTLE = load_script("settle")
 _FENCED = load_script("fenced")
 _JOIN = load_script("join")
 _FENCED_RETRY = 0.1  # seconds before a read that the fence held off looks again
-# How long a fenced subscriber's wait for new entries lasts at most, and how often
-# it looks for entries others left (ms): it is the sole reader of its group,
-# elected by the lease, and takes what its predecessor left as it subscribes.
-# What an idle live thread of the runtime costs is one wait and one take per wait.
-FENCED_BLOCK_MS = 10_000
+# How long the wait for new entries of a subscriber that need not look for what
+# other members left lasts at most (ms): a fan-out subscriber (its group is its
+# own), and a fenced one (the sole reader of its group, elected by the lease; it
+# takes what its predecessor left as it subscribes). Nothing but a new entry
+# needs it sooner: an idle live thread of the runtime (its reader and its
+# control topic's) costs a wait each per LONG_BLOCK_MS, not per block_ms.
+LONG_BLOCK_MS = 10_000
 _NOSCRIPT: Any = object()  # a pipelined take found lua/fenced.lua not loaded
 # Acknowledgements written by one run of the script at most.
 _ACK_BATCH = 256
@@ -137,7 +139,7 @@ class StreamReader(RedisParts):
     _max_attempts: int
     _claim_idle_ms: int
     _block_ms: int
-    _fenced_block_ms: int
+    _long_block_ms: int
 
     _retention_ms: int
 
@@ -160,8 +162,7 @@ class StreamReader(RedisParts):
         # Entries handed back by a leaving member are claimable at once: look for
         # them at least once per blocking read, not only every claim_idle_ms / 2
         # (and after every read that returned entries, see below).
-        block_ms = self._block_ms if sub.fence is None else self._fenced_block_ms
-        claim_every = min(self._claim_idle_ms / 2000, block_ms / 1000)
+        claim_every = min(self._claim_idle_ms / 2000, self._wait_ms(sub) / 1000)
         # After a failure, first re-read this consumer's own pending entries: a
         # lost XREADGROUP reply or XACK leaves them there, and ">" never
         # returns them again.
@@ -214,15 +215,22 @@ class StreamReader(RedisParts):
         await asyncio.sleep(backoff)
         return min(backoff * 2, 2.0)
 
+    def _wait_ms(self, sub: _Sub) -> int:
+        """How long ``sub``'s reads wait for a new entry: ``block_ms`` for a member of
+        a shared group, which must look for what others left that often, else
+        :data:`LONG_BLOCK_MS` (both within half the client's socket timeout)."""
+        shared = sub.fence is None and not sub.fanout
+        return self._block_ms if shared else self._long_block_ms
+
     async def _read_new(self, sub: _Sub) -> list[tuple[bytes, Any]]:
-        """Up to 64 new entries, waiting up to ``block_ms`` for one."""
+        """Up to 64 new entries, waiting up to :meth:`_wait_ms` for one."""
         reply = await self._io(
             self._client.xreadgroup,
             sub.group,
             sub.consumer,
             {sub.stream: ">"},
             count=64,
-            block=self._block_ms,
+            block=self._wait_ms(sub),
             blocking=True,
         )
         return _entries(reply)
@@ -257,12 +265,12 @@ class StreamReader(RedisParts):
 
     async def _wait_then_take(self, sub: _Sub, take: tuple[Any, ...]) -> Any:
         """``XREAD BLOCK`` after ``sub.newest``, then the fenced take, pipelined:
-        Redis runs the take as soon as the wait ends (an entry, or ``fenced_block_ms``),
+        Redis runs the take as soon as the wait ends (an entry, or :meth:`_wait_ms`),
         without a round trip in between. The take's outcome as :meth:`_fenced`
         gives it, or ``_NOSCRIPT`` when the script is not loaded yet."""
         assert sub.fence is not None and sub.newest is not None
         async with self._client.pipeline(transaction=False) as pipe:
-            pipe.xread({sub.stream: sub.newest}, count=1, block=self._fenced_block_ms)
+            pipe.xread({sub.stream: sub.newest}, count=1, block=self._wait_ms(sub))
             pipe.evalsha(
                 _FENCED.sha, 2, sub.fence_key, sub.stream, sub.fence.owner_prefix.encode(), *take
             )

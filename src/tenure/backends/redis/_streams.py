@@ -93,7 +93,7 @@ class RedisStreams(StreamReader, PubSub):
         block_ms: int,
         dedupe_window_ms: int,
         retention_ms: int = 0,
-        fenced_block_ms: int | None = None,
+        long_block_ms: int | None = None,
     ) -> None:
         self._retention_ms = retention_ms
         self._max_attempts = max_attempts
@@ -101,7 +101,7 @@ class RedisStreams(StreamReader, PubSub):
         self._dedupe_window_ms = dedupe_window_ms
         self._claim_idle_ms = claim_idle_ms
         self._block_ms = block_ms
-        self._fenced_block_ms = block_ms if fenced_block_ms is None else fenced_block_ms
+        self._long_block_ms = block_ms if long_block_ms is None else long_block_ms
         self._subs: dict[str, dict[Callback, _Sub]] = {}
         # Per topic, the newest entry this instance published (what flush waits
         # for): every topic with a local subscriber, and the last
