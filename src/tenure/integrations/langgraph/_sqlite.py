@@ -42,17 +42,26 @@ DELETE_FOR_RUN = (
 )
 
 
-# What a write's first statement goes through on aiosqlite's connection.
-_STATEMENTS = frozenset({"execute", "executemany", "executescript", "cursor"})
-
-
-async def _nothing() -> None:
-    return None
+# What a write's first statement goes through on aiosqlite's connection, and
+# the arguments of each, in order (aiosqlite's signatures).
+_STATEMENTS: dict[str, tuple[str, ...]] = {
+    "execute": ("sql", "parameters"),
+    "executemany": ("sql", "parameters"),
+    "executescript": ("sql_script",),
+    "cursor": (),
+}
 
 
 def _roll_back_leftovers(raw: sqlite3.Connection) -> None:
     if raw.in_transaction:
         raw.rollback()
+
+
+def _leftovers_then(raw: sqlite3.Connection, name: str, args: list[Any]) -> sqlite3.Cursor:
+    """On aiosqlite's thread: roll back what an earlier write left open, then run
+    the sqlite3 method ``name`` (one hop for both)."""
+    _roll_back_leftovers(raw)
+    return cast(sqlite3.Cursor, getattr(raw, name)(*args))
 
 
 class _AfterLeftovers:
@@ -63,13 +72,20 @@ class _AfterLeftovers:
     losing its lease) leaves them in the connection's open transaction, and the
     next write's commit, checked for that write's token only, would commit them
     too: a stale run's checkpoint stored after its successor's. The roll-back
-    runs on aiosqlite's thread, after any statement still queued there.
+    runs on aiosqlite's thread, after any statement still queued there, in the
+    same hop as the statement (where its private ``_execute`` and ``_conn`` are
+    there to do it; otherwise in a hop of its own).
     """
 
-    def __init__(self, conn: aiosqlite.Connection, method: Any, *args: Any, **kwargs: Any):
+    def __init__(
+        self, conn: aiosqlite.Connection, name: str, one_hop: bool, *args: Any, **kwargs: Any
+    ) -> None:
         self._conn = conn
-        self._call = functools.partial(method, *args, **kwargs)
-        self._entered: Any = None
+        self._name = name
+        self._one_hop = one_hop
+        self._args = args
+        self._kwargs = kwargs
+        self._cursor: aiosqlite.Cursor | None = None
 
     async def clean(self) -> None:
         raw: sqlite3.Connection | None = getattr(self._conn, "_conn", None)
@@ -79,20 +95,35 @@ class _AfterLeftovers:
         elif self._conn.in_transaction:
             await self._conn.rollback()
 
-    async def _run(self) -> Any:
+    async def _run(self) -> aiosqlite.Cursor:
+        raw: sqlite3.Connection | None = getattr(self._conn, "_conn", None)
+        execute = getattr(self._conn, "_execute", None)
+        if self._one_hop and raw is not None and execute is not None:
+            cursor = await execute(_leftovers_then, raw, self._name, self._positional())
+            return aiosqlite.Cursor(self._conn, cursor)
         await self.clean()
-        return await self._call()
+        method = getattr(self._conn, self._name)
+        return cast(aiosqlite.Cursor, await method(*self._args, **self._kwargs))
+
+    def _positional(self) -> list[Any]:
+        """The call's arguments in order, as aiosqlite passes them to sqlite3."""
+        names = _STATEMENTS[self._name]
+        args = list(self._args)
+        args.extend(self._kwargs.get(name) for name in names[len(args) :])
+        if self._name == "execute" and args[1] is None:
+            args[1] = []  # aiosqlite's default
+        return args
 
     def __await__(self) -> Any:
         return self._run().__await__()
 
-    async def __aenter__(self) -> Any:
-        await self.clean()
-        self._entered = self._call()
-        return await self._entered.__aenter__()
+    async def __aenter__(self) -> aiosqlite.Cursor:
+        self._cursor = await self._run()
+        return self._cursor
 
-    async def __aexit__(self, *exc: object) -> Any:
-        return await self._entered.__aexit__(*exc)
+    async def __aexit__(self, *exc: object) -> None:
+        if self._cursor is not None:  # as aiosqlite's own context manager does
+            await self._cursor.close()
 
 
 class _CheckedCommit:
@@ -115,7 +146,7 @@ class _CheckedCommit:
         pending = PENDING.get()
         if name in _STATEMENTS and pending is not None and not pending.started:
             pending.started = True
-            return functools.partial(_AfterLeftovers, self._conn, attr)
+            return functools.partial(_AfterLeftovers, self._conn, name, self.one_hop)
         return attr
 
     def __await__(self) -> Any:
@@ -126,13 +157,14 @@ class _CheckedCommit:
         if pending is None:
             await self._conn.commit()
             return
-        if not pending.started:  # a write of no statement of its own (a claim)
-            pending.started = True
-            await _AfterLeftovers(self._conn, _nothing).clean()
+        # A write of no statement of its own (a claim) cleans up before its check.
+        clean, pending.started = not pending.started, True
         execute = getattr(self._conn, "_execute", None)
         if self.one_hop and execute is not None and hasattr(type(self._conn), "_conn"):
-            await execute(self._check_and_commit, pending)
+            await execute(self._check_and_commit, pending, clean)
             return
+        if clean:
+            await _AfterLeftovers(self._conn, "cursor", False).clean()
         try:
             for key in pending.keys:
                 await self._fence.acheck(self._conn, key, pending.token)
@@ -142,9 +174,11 @@ class _CheckedCommit:
         pending.checked = True
         await self._conn.commit()
 
-    def _check_and_commit(self, pending: Pending) -> None:
+    def _check_and_commit(self, pending: Pending, clean: bool) -> None:
         """On aiosqlite's thread, with its sqlite3 connection."""
         raw = self._conn._conn
+        if clean:
+            _roll_back_leftovers(raw)
         try:
             for key in pending.keys:
                 self._fence.check(raw, key, pending.token)
