@@ -14,8 +14,11 @@ from collections import deque
 import pytest
 
 from tenure import Signal
+from tenure._pubsub import Event
 from tenure.runtime._coalesce import Carry
 from tenure.runtime._debounce import KEPT, Debounce
+from tenure.runtime._inbox import Inbox
+from tenure.runtime._log import SIGNAL_TYPE
 from tenure.runtime._pending import Pending
 from tenure.runtime._skips import Skips
 
@@ -176,11 +179,12 @@ async def test_what_is_carried_when_the_session_ends_is_dropped_with_a_warning(
 
 def test_a_request_skips_what_waits_before_its_signal() -> None:
     buffer = waiting("a", "b", "c")
-    skips, _ = skips_of(buffer)
+    skips, seen = skips_of(buffer)
     skipped = skips.through("b", 1.0)
     assert [p.signal.id for p in skipped] == ["a"]
     assert all(p.how == "ack" for p in skipped)
     assert ids(buffer) == ["b", "c"]
+    assert seen.skipped == ["a"]  # each one told, not only counted
 
 
 def test_a_request_before_its_signal_skips_what_was_sent_before_it_and_arrives_until_it() -> None:
@@ -190,7 +194,7 @@ def test_a_request_before_its_signal_skips_what_was_sent_before_it_and_arrives_u
     assert [p.signal.id for p in skipped] == ["a", "b"]
     assert ids(buffer) == ["c"]
     assert skips.settles(signal("d", 0.5))  # sent before z, arriving after the request
-    assert seen.skipped == ["d"]
+    assert seen.skipped == ["a", "b", "d"]
     assert not skips.settles(signal("e", 2.0))  # sent after z: back to normal
     assert not skips.settles(signal("f", 0.5))
 
@@ -319,3 +323,91 @@ async def test_the_signals_heard_of_and_announced_are_remembered_up_to_a_bound()
     for n in range(1, KEPT + 1):
         debounce.arrived(str(n), 1.0)
     assert not debounce.announcing
+
+
+# -- one request settling the signal another waits for -----------------------------
+#
+# Found by the thread harness's policy mix (python -m safety threads --workload
+# policies, no faults): a coalescing request whose signal an interrupt then
+# skipped left the carry waiting for it; the interrupting signal, read next, was
+# carried into it, and the session, seeing nothing to run, closed and dropped it.
+
+
+def inbox_of(seen: Recorder) -> Inbox:
+    return Inbox(
+        "t",
+        "sid",
+        lambda: True,
+        asyncio.Event(),
+        lambda s: seen.skipped.append(s.id),
+        lambda sid, into: seen.coalesced.append((sid, into)),
+        seen.discarded.append,
+        wakes=lambda data: True,
+        awake=True,
+    )
+
+
+def arriving(sid: str, sent_at: float) -> Event:
+    return Event(SIGNAL_TYPE, {"thread": "t", "payload": sid}, id=sid, created_at=sent_at)
+
+
+@pytest.mark.asyncio
+async def test_an_interrupt_skips_what_was_carried_and_the_coalescing_signal_it_waited_for() -> (
+    None
+):
+    seen = Recorder()
+    inbox = inbox_of(seen)
+    inbox.carry_through("c", 5.0)  # c's request came before c
+    assert inbox._admit(arriving("x", 1.0)) is None  # carried into c, acknowledged
+    skipped = inbox.skip_through("i", 6.0)  # i's request: everything read was before i
+    assert [s.id for s in skipped] == ["x"]
+    assert seen.skipped == ["x"]  # told, though acknowledged when carried
+    assert inbox._admit(arriving("c", 5.0)) is None  # sent before i: skipped
+    assert seen.skipped == ["x", "c"]
+    pending = inbox._admit(arriving("i", 6.0))  # not carried into c, which is gone
+    assert pending is not None and pending.signal.id == "i"
+    assert pending.signal.coalesced == ()
+    assert inbox.has_work
+    assert not seen.coalesced
+    assert (inbox.skipped, inbox.coalesced) == (2, 0)  # counted for ThreadStatus
+
+
+@pytest.mark.asyncio
+async def test_a_skipped_coalescing_signal_carries_nothing_more() -> None:
+    seen = Recorder()
+    inbox = inbox_of(seen)
+    inbox.skip_through("i", 6.0)
+    inbox.carry_through("c", 5.0)
+    assert inbox._admit(arriving("c", 5.0)) is None  # skipped by i: forgotten by the carry
+    pending = inbox._admit(arriving("i", 6.0))
+    assert pending is not None and pending.signal.coalesced == ()
+
+
+@pytest.mark.asyncio
+async def test_carried_signals_whose_coalescing_signal_does_not_come_run_before_the_session_closes() -> (
+    None
+):
+    seen = Recorder()
+    inbox = inbox_of(seen)
+    inbox.carry_through("c", 5.0)  # c went to another owner: it will not come here
+    assert inbox._admit(arriving("a", 1.0)) is None
+    assert inbox._admit(arriving("b", 2.0)) is None
+    assert not inbox.has_work  # nothing buffered: the session would close
+    assert inbox.end_carry()  # its close marker was read back: nothing more comes
+    assert inbox.has_work
+    (head,) = inbox.buffer
+    assert head.signal.id == "b" and [s.id for s in head.signal.coalesced] == ["a"]
+    assert seen.coalesced == [("a", "b")]
+    assert (inbox.skipped, inbox.coalesced) == (0, 1)
+    assert not inbox.end_carry()  # nothing carried any more
+
+
+@pytest.mark.asyncio
+async def test_an_interrupt_skips_the_debounced_signals_held_for_a_newer_one() -> None:
+    seen = Recorder()
+    inbox = inbox_of(seen)
+    inbox._debounce.keep(signal("a", 1.0))  # acknowledged to read a newer one
+    assert inbox.has_work
+    skipped = inbox.skip_through("i", 6.0)
+    assert [s.id for s in skipped] == ["a"] and seen.skipped == ["a"]
+    assert not inbox.held and not inbox.has_work

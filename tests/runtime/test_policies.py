@@ -117,6 +117,10 @@ async def test_coalesce_one_more_run_sees_every_signal_sent_meanwhile_in_order()
             sent.append(await owner.send_signal("t", 4, policy="coalesce"))
             # The owner knows of every coalescing signal before the run ends.
             await eventually(lambda: len(of_kind(events, "coalescing")) == 5)
+            # ... and settled the four, each into a newer one, while the run is busy.
+            await eventually(lambda: len(of_kind(events, "coalesced")) == 4)
+            (status,) = await owner.threads()
+            assert (status.coalesced, status.skipped, status.discarded) == (4, 0, 0)
             handler.go.set()
             await eventually(lambda: len(handler.taken) == 2)
             await eventually(lambda: not owner.owned_threads())

@@ -491,8 +491,12 @@ async def test_an_interrupt_skips_the_waiting_signals_sent_before_it(backend: Me
     assert (first.interrupted, second.interrupted) == (True, False)
     assert handler.cancelled == [(first.run_id, True, (f"interrupted by signal {new.signal_id}",))]
     assert first.token is not None and second.token is not None
+    w1, w2 = (e.signal_id for e in events if e.kind == "interrupted" and e.detail == "skipped")
     assert described(events, "signal", "interrupted", "run_end") == [
         ("signal", "t", first.run_id, first.token, slow.signal_id, None),
+        # Each settled signal is named, before the request's own event.
+        ("interrupted", "t", first.run_id, None, w1, "skipped"),
+        ("interrupted", "t", first.run_id, None, w2, "skipped"),
         (
             "interrupted",
             "t",
@@ -501,6 +505,7 @@ async def test_an_interrupt_skips_the_waiting_signals_sent_before_it(backend: Me
             new.signal_id,
             "2 waiting signal(s) skipped",
         ),
+        ("interrupted", "t", first.run_id, first.token, slow.signal_id, "cancelled with its run"),
         ("run_end", "t", first.run_id, first.token, None, "interrupted"),
         ("signal", "t", second.run_id, second.token, new.signal_id, None),
         ("run_end", "t", second.run_id, second.token, None, "ok"),
@@ -519,7 +524,7 @@ async def test_a_local_interrupt_skips_older_signals_that_arrive_after_it(
     a = ThreadRuntime(backend, handler, policy="interrupt", on_event=events.append, **options)
     b = ThreadRuntime(backend, handler, policy="enqueue", **options)
     async with a, b:
-        await a.send_signal("t", "slow")
+        slow = await a.send_signal("t", "slow")
         await asyncio.wait_for(handler.busy.wait(), 5)
         older = await b.send_signal("t", "older")
         new = await a.send_signal("t", "new")
@@ -540,6 +545,7 @@ async def test_a_local_interrupt_skips_older_signals_that_arrive_after_it(
             "0 waiting signal(s) skipped",
         ),
         ("interrupted", "t", first.run_id, None, older.signal_id, "skipped"),
+        ("interrupted", "t", first.run_id, first.token, slow.signal_id, "cancelled with its run"),
     ]
 
 
@@ -570,7 +576,8 @@ async def test_controls_that_are_malformed_or_name_the_signal_being_handled_inte
         await eventually(lambda: "new" in handler.payloads())
     assert handler.payloads() == ["slow", "new"]
     assert [(e.signal_id, e.detail) for e in of_kind(events, "interrupted")] == [
-        (new.signal_id, "0 waiting signal(s) skipped")
+        (new.signal_id, "0 waiting signal(s) skipped"),
+        (slow.signal_id, "cancelled with its run"),
     ]
     assert messages(caplog, "tenure.memory", logging.WARNING) == []
 
@@ -618,7 +625,8 @@ async def test_a_run_is_interrupted_once_later_signals_run_in_order(backend: Mem
         first = await rt.send_signal("t", "first")
         await rt.send_signal("t", "second")  # the interrupted run has not ended yet
         await eventually(lambda: handler.payloads() == ["slow", "first", "second"])
-    assert [e.signal_id for e in of_kind(events, "interrupted")] == [first.signal_id]
+    requests = [e for e in of_kind(events, "interrupted") if "waiting" in (e.detail or "")]
+    assert [e.signal_id for e in requests] == [first.signal_id]
 
 
 # -- what a run reads -------------------------------------------------------------

@@ -86,7 +86,9 @@ class Closing:
         finally:
             for w in waiters:
                 w.cancel()
-        if inbox.has_work and not self._lost.is_set():
+        # Read up to the marker: a coalescing signal the carried ones wait for
+        # is not coming to this session (settled, or read by a previous owner).
+        if not self._lost.is_set() and (inbox.has_work or inbox.end_carry()):
             self.closing = False
             return False
         return True

@@ -120,6 +120,26 @@ class Carry:
             self._on_coalesced(old.id, signal.id)
         return replace(signal, coalesced=(*carried, *signal.coalesced))
 
+    def forget(self, signal_id: str) -> None:
+        """``signal_id`` arrived and was settled without a run (a request skipped it):
+        it will not come to carry anything."""
+        self._coming.pop(signal_id, None)
+
+    def skip_all(self) -> list[Signal]:
+        """Give up every carried signal: an interrupting request skips them (each
+        was read, so came before it in the log). Returns them, oldest first."""
+        self._stop_timer()
+        carried, self._carried = self._carried, []
+        return carried
+
+    def end(self) -> bool:
+        """Nothing more comes to this session (its close marker was read back):
+        the newest carried signal runs now, with the others. Whether one did."""
+        if not self._carried:
+            return False
+        self._end()
+        return True
+
     def drop(self, thread_key: str) -> None:
         """The session ends: what was carried is dropped, with a warning."""
         self._stop_timer()

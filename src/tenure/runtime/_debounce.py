@@ -113,6 +113,12 @@ class Debounce:
         newest = self.held.pop()
         return Pending(self.hand(newest), how="ack")
 
+    def skip_all(self) -> list[Signal]:
+        """Give up the held signals: an interrupting request skips them (each was
+        read, so came before it in the log). Returns them, oldest first."""
+        held, self.held = self.held, []
+        return held
+
     def drop(self, thread_key: str) -> None:
         """The session ends: the held signals are dropped, with a warning."""
         if self.held:

@@ -91,9 +91,23 @@ class Inbox:
         self.marker_seq = 0
         self.marker_seen = asyncio.Event()
         self._taken: OrderedDict[str, None] = OrderedDict()
-        self._skips = Skips(self.buffer, self.inflight, on_skipped, on_discarded)
-        self._carry = Carry(self.buffer, self.inflight, on_coalesced, self._put)
-        self._debounce = Debounce(on_coalesced)
+        # How many signals this inbox settled as skipped (by an interrupting
+        # request) and as coalesced into a newer one (see ThreadStatus).
+        self.skipped = 0
+        self.coalesced = 0
+
+        def count_skip(signal: Signal) -> None:
+            self.skipped += 1
+            on_skipped(signal)
+
+        def count_coalesced(signal_id: str, into: str) -> None:
+            self.coalesced += 1
+            on_coalesced(signal_id, into)
+
+        self._on_skipped = count_skip
+        self._skips = Skips(self.buffer, self.inflight, count_skip, on_discarded)
+        self._carry = Carry(self.buffer, self.inflight, count_coalesced, self._put)
+        self._debounce = Debounce(count_coalesced)
         # The signal a run takes next, once chosen.
         self._next: Pending | None = None
 
@@ -149,6 +163,7 @@ class Inbox:
             attempt=event.attempt,
         )
         if self._skips.settles(arrived):
+            self._carry.forget(arrived.id)
             return None  # acknowledged unrun: a request skipped or discarded it
         signal = self._carry.arrived(arrived)
         if signal is None:
@@ -328,10 +343,20 @@ class Inbox:
         """Whether ``signal_id`` was handed to a run of this session already."""
         return signal_id in self._taken
 
-    def skip_through(self, signal_id: str, sent_at: float) -> list[Pending]:
-        """Acknowledge unhandled the buffered signals sent before ``signal_id``
-        (see :meth:`Skips.through <._skips.Skips.through>`); returns them."""
-        return self._skips.through(signal_id, sent_at)
+    def skip_through(self, signal_id: str, sent_at: float) -> list[Signal]:
+        """Settle unhandled the signals before ``signal_id``: those carried into a
+        coalescing one or held by a debounce (read, so before it in the log), and
+        the buffered ones sent before it (see :meth:`Skips.through
+        <._skips.Skips.through>`); returns them."""
+        read = self._carry.skip_all() + self._debounce.skip_all()
+        for signal in read:
+            self._on_skipped(signal)  # acknowledged already, when carried or held
+        return read + [p.signal for p in self._skips.through(signal_id, sent_at)]
+
+    def end_carry(self) -> bool:
+        """Nothing more comes to this session: signals carried into a coalescing
+        one that did not come run now (see :meth:`Carry.end <._coalesce.Carry.end>`)."""
+        return self._carry.end()
 
     def discard(self, signal_id: str) -> None:
         """Settle ``signal_id`` unrun, as discarded: now if it waits here, when

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ._replies import RunOutput
 
 __all__ = [
+    "CANCELLED_WITH_RUN",
     "Handler",
     "HeldLease",
     "RunEnd",
@@ -37,6 +38,10 @@ logger = logging.getLogger("tenure.runtime")
 # lease was lost ("lost"), by a newer signal ("interrupted") or by the runtime's
 # aclose() ("cancelled").
 RunEnd = Literal["ok", "failed", "lost", "interrupted", "cancelled"]
+
+# The ``detail`` of the "interrupted" event naming the signal an interrupted run
+# was handling, acknowledged unhandled with it.
+CANCELLED_WITH_RUN = "cancelled with its run"
 
 
 class HeldLease(Protocol):
@@ -281,6 +286,9 @@ def finish(run: ThreadRun, end: RunEnd, *, leaving: bool) -> None:
         if leaving:
             settle(run._current, "abandon")
         else:
+            if end == "interrupted":
+                # Settled unhandled with its run: said before it is acknowledged.
+                run.emit("interrupted", run._current.signal.id, CANCELLED_WITH_RUN)
             settle(run._current, "ack" if end in ("ok", "interrupted") else "retry")
         run._current = None
     elif not run._taken and inbox.has_work and not leaving and end != "interrupted":

@@ -69,6 +69,7 @@ class Skips:
             for pending in skipped:
                 buffer.remove(pending)
         for old in skipped:
+            self._on_skipped(old.signal)  # said before the acknowledgement is sent
             settle(old, "ack")
         return skipped
 

@@ -37,9 +37,11 @@ class ThreadStatus:
     runs (``local``): ``queued``, the signals received and not yet handed to
     the handler, ``in_flight``, those handed to it and not acknowledged, and
     ``held_ms``, how long ago the thread was handed to this process (its last
-    hand-over; the backends do not keep it for threads run elsewhere), and
+    hand-over; the backends do not keep it for threads run elsewhere),
     ``discarded``, the signals its session here settled unrun under the
-    ``discard`` policy.
+    ``discard`` policy, ``skipped``, those an ``interrupt`` or ``rollback``
+    request settled unrun while they waited, and ``coalesced``, those handed
+    to a newer signal's run inside it (``coalesce``, ``Debounce``).
     """
 
     thread_key: str
@@ -54,6 +56,8 @@ class ThreadStatus:
     in_flight: int | None = None
     held_ms: int | None = None
     discarded: int | None = None
+    skipped: int | None = None
+    coalesced: int | None = None
 
 
 async def thread_statuses(
@@ -120,5 +124,7 @@ def with_sessions(
             in_flight=len(inbox.inflight) - queued,
             held_ms=int((time.monotonic() - session.taken_at) * 1000),
             discarded=inbox.discarded,
+            skipped=inbox.skipped,
+            coalesced=inbox.coalesced,
         )
     return [by_key[k] for k in sorted(by_key)]

@@ -167,6 +167,14 @@ class RuntimeEvent:
     ``on_rollback`` was called for the interrupted run ``run_id`` (``detail``:
     ``"ok"`` or the error it raised).
 
+    An ``"interrupted"`` event names the signal (``signal_id``) of an
+    ``interrupt`` or ``rollback`` request the owner applied (``detail``: ``"<n>
+    waiting signal(s) skipped"``). Each signal the request settled unhandled has
+    an ``"interrupted"`` event of its own, emitted before it is acknowledged:
+    ``"skipped"`` for one that waited (buffered, carried into a coalescing
+    signal, held by a debounce, or arriving after the request) and ``"cancelled
+    with its run"`` for the one the cancelled run was handling.
+
     A ``"discarded"`` event names a signal (``signal_id``) sent under the
     ``discard`` policy that the owner settled unrun, because a run was
     handling a signal when it heard of it.
