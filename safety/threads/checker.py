@@ -26,6 +26,22 @@ before it); and **answers** on the final states: every signal
 whose send returned was applied and answered exactly once, and no signal more
 than once.
 
+The policies workload (each signal sent under a policy of its own) owes a write
+only to the signals no rule settled: :func:`settlements` sorts every stored
+signal without a write by the rule that may have settled it, and counts it
+**lost** when none can: a ``discarded`` event for a ``discard`` signal; an
+interrupt or rollback to its thread whose send returned after this one's began
+and an ``interrupted`` event naming the signal (skipped, or the one its
+cancelled run was handling); a ``coalesced`` event, when the signal it was
+coalesced into was settled so too, or a fault began between that event and
+that signal's first write (its run, holding both, ended); a ``persist`` signal no waking signal was
+sent after; and the one documented gap, a signal carried into a ``coalesce`` or
+``Debounce`` one and acknowledged, whose owner a fault ended before that run
+(docs/policies.md). An ``interrupted`` event for a signal sent after every
+interrupt of its thread returned is a **late interrupt**, and a ``discarded``
+event for a signal not sent under ``discard`` is a **wrong settlement**: both
+violations.
+
 Reported, never failed: **duplicates** (a signal written more than once:
 delivery is at least once), the **takeover delays** after owner kills, and
 **forks** (a checkpoint whose parent is not the one before it in the history).
@@ -42,7 +58,7 @@ from dataclasses import dataclass, field
 
 from tenure._history import Sighting, token_clashes
 
-from .evidence import Checkpoint, Fault, FinalState, OutputSeen, Stored, Write
+from .evidence import Checkpoint, Fault, FinalState, OutputSeen, Settled, Stored, Write
 
 __all__ = [
     "LOOP_BOUND",
@@ -62,8 +78,15 @@ __all__ = [
     "order_violations",
     "overlaps",
     "percentile",
+    "settlements",
     "takeover_delays",
 ]
+
+# The policies whose signal skips what was sent before it, and those whose signal
+# carries what waits before it into its own run.
+_INTERRUPTING = ("interrupt", "rollback")
+_CARRYING = ("coalesce", "debounce")
+_SKIPPED = ("skipped", "cancelled with its run")
 
 # A poison signal fails on every delivery; the backends drop it after
 # max_attempts (5 by default). Faults add deliveries that spend no attempt (a
@@ -131,6 +154,96 @@ def lost_signals(stored: Iterable[Stored], writes: Iterable[Write]) -> list[Stor
     """Stored signals without any write."""
     written = {w.signal_id for w in writes}
     return [s for s in stored if s.signal_id not in written]
+
+
+@dataclass
+class Settlements:
+    """How the stored signals without a write were settled (see :func:`settlements`)."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    lost: list[Stored] = field(default_factory=list)
+    wrong: list[str] = field(default_factory=list)
+
+
+def settlements(
+    stored: Iterable[Stored],
+    writes: Iterable[Write],
+    settled: Iterable[Settled],
+    faults: Iterable[Fault] = (),
+) -> Settlements:
+    """Sort each owed stored signal without a write by the rule that settled it.
+
+    A rule settles a signal only with its evidence: the owner's event, or a newer
+    signal of the thread whose policy allows it (sent after this one began, so
+    the log may hold it after this one). Unsettled ones are ``lost``; events
+    that settle against the rules are ``wrong``.
+    """
+    stored = [s for s in stored if s.owed]
+    out = Settlements()
+    written = {w.signal_id for w in writes}
+    first = _first_writes(writes)
+    events: dict[str, set[str]] = defaultdict(set)
+    into: dict[str, tuple[str, int]] = {}  # coalesced signal -> (its carrier, when)
+    for e in settled:
+        # An "interrupted" event names a settled signal by these details; the
+        # request's own (the interrupting signal, "<n> waiting ...") settles nothing.
+        if e.kind != "interrupted" or e.detail in _SKIPPED:
+            events[e.signal_id].add(e.kind)
+        if e.kind == "coalesced" and e.detail is not None:
+            into[e.signal_id] = (e.detail.removeprefix("into "), e.t_ns)
+    by_thread: dict[tuple[str, str], list[Stored]] = defaultdict(list)
+    for s in stored:
+        by_thread[(s.namespace, s.thread)].append(s)
+    starts = sorted(f.start_ns for f in faults)
+
+    def after(s: Stored, policies: tuple[str, ...]) -> list[Stored]:
+        """The thread's signals of ``policies`` whose send returned after ``s``'s began."""
+        return [
+            o
+            for o in by_thread[(s.namespace, s.thread)]
+            if o.policy in policies and o.t_ns > s.t0_ns and o is not s
+        ]
+
+    def fault_between(since: int, signal_id: str) -> bool:
+        """A fault began after ``since`` and before ``signal_id``'s first write (if any)."""
+        end = first[signal_id].t_ns if signal_id in first else math.inf
+        i = bisect.bisect_left(starts, since)
+        return i < len(starts) and starts[i] <= end
+
+    for s in stored:
+        kinds = events.get(s.signal_id, set())
+        if "discarded" in kinds and s.policy != "discard":
+            out.wrong.append(
+                f"wrong settlement: {s.signal_id} ({s.policy}) to {s.namespace}/{s.thread} "
+                "was discarded"
+            )
+        if "interrupted" in kinds and not after(s, _INTERRUPTING):
+            out.wrong.append(
+                f"late interrupt: {s.signal_id} ({s.policy}) to {s.namespace}/{s.thread} was "
+                "skipped, sent after every interrupt of its thread returned"
+            )
+        if s.signal_id in written:
+            continue
+        carrier, carried_at = into.get(s.signal_id, ("", 0))
+        if "discarded" in kinds and s.policy == "discard":
+            out.counts["discarded"] += 1
+        elif "interrupted" in kinds:
+            out.counts["skipped by an interrupt"] += 1
+        elif carrier and "interrupted" in events.get(carrier, set()):
+            out.counts["coalesced into a signal an interrupt settled"] += 1
+        elif carrier and fault_between(carried_at, carrier):
+            out.counts["coalesced into a run a fault ended"] += 1
+        elif s.policy == "persist" and not [
+            o
+            for o in by_thread[(s.namespace, s.thread)]
+            if o.policy != "persist" and o.t0_ns > s.t_ns
+        ]:
+            out.counts["persisted, never woken"] += 1
+        elif not carrier and any(fault_between(s.t0_ns, c.signal_id) for c in after(s, _CARRYING)):
+            out.counts["carried, its owner ended by a fault before the run"] += 1
+        else:
+            out.lost.append(s)
+    return out
 
 
 def overlaps(writes: Iterable[Write]) -> list[Overlap]:
@@ -371,6 +484,10 @@ class ThreadReport:
     stored_overlaps: list[Overlap] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
     forks: int = 0
+    # The policies workload: how signals without a write were settled, and
+    # settlements against the rules (late interrupts, wrong discards).
+    settled: Counter[str] | None = None
+    wrong_settlements: list[str] = field(default_factory=list)
 
     @property
     def violations(self) -> int:
@@ -386,6 +503,7 @@ class ThreadReport:
             + len(self.history_reordered)
             + len(self.stored_overlaps)
             + len(self.answers)
+            + len(self.wrong_settlements)
         )
 
     def counts(self) -> dict[str, int]:
@@ -399,12 +517,21 @@ class ThreadReport:
         }
         if self.outputs:
             counts["stale output"] = len(self.stale_output)
+        if self.settled is not None:
+            counts["wrong settlements"] = len(self.wrong_settlements)
         if self.checkpoints or self.answers:
             counts["checkpoint overlaps"] = len(self.history_overlaps)
             counts["checkpoint order"] = len(self.history_reordered)
             counts["checkpoints stored backwards"] = len(self.stored_overlaps)
             counts["not answered once"] = len(self.answers)
         return counts
+
+    def settled_line(self) -> str:
+        """How signals without a write were settled (the policies workload), or ``""``."""
+        if self.settled is None:
+            return ""
+        how = ", ".join(f"{n} {k}" for k, n in sorted(self.settled.items())) or "none"
+        return f"settled without their own run: {how}; "
 
     def describe(self, limit: int = 5) -> list[str]:
         """One line per violation (at most ``limit`` of each kind)."""
@@ -429,6 +556,7 @@ class ThreadReport:
         lines += [f"checkpoint {r.describe()}" for r in self.history_reordered[:limit]]
         lines += [f"checkpoint stored {o.describe()}" for o in self.stored_overlaps[:limit]]
         lines += self.answers[:limit]
+        lines += self.wrong_settlements[:limit]
         return lines
 
 
@@ -467,6 +595,7 @@ def check(
     outputs: Sequence[OutputSeen] = (),
     checkpoints: Sequence[Checkpoint] = (),
     states: Sequence[FinalState] = (),
+    settled: Sequence[Settled] | None = None,
 ) -> ThreadReport:
     """Every check on one run's evidence; takeover delays after the ``owner-kill`` faults.
 
@@ -474,16 +603,20 @@ def check(
     were ``handed`` to a handler (see :func:`looped`); the signals after one must
     still be written, in order (a loop on it would stall them). ``checkpoints``
     and ``states`` (the LangGraph workload, which sends no poison) are judged
-    when given.
+    when given; with ``settled`` (the policies workload), a signal without a
+    write is lost only when no rule settled it (:func:`settlements`).
     """
     kills = [f for f in faults if f.kind == "owner-kill"]
     history = checkpoint_writes(checkpoints)
     poisoned = len({s.signal_id for s in stored if s.poison})
-    stored = [s for s in stored if not s.poison]
+    stored = [s for s in stored if s.owed]
+    sorted_out = None if settled is None else settlements(stored, writes, settled, faults)
     return ThreadReport(
         signals=len({s.signal_id for s in stored}),
         writes=len(writes),
-        lost=lost_signals(stored, writes),
+        lost=lost_signals(stored, writes) if sorted_out is None else sorted_out.lost,
+        settled=None if sorted_out is None else sorted_out.counts,
+        wrong_settlements=[] if sorted_out is None else sorted_out.wrong,
         overlaps=overlaps(writes),
         reordered=order_violations(stored, writes),
         misrouted=misrouted(stored, writes),

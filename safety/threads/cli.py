@@ -37,7 +37,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=WORKLOADS,
         default="runtime",
         help="langgraph: each thread runs a graph on a fenced saver (a SQLite file; "
-        "PostgreSQL on --backend postgres) and every thread's checkpoints are checked",
+        "PostgreSQL on --backend postgres) and every thread's checkpoints are checked; "
+        "policies: each signal is sent under a policy of a mix (every policy), and a "
+        "signal without a write must have been settled by one",
     )
     p.add_argument("--duration", type=float, default=None, help="seconds of sending")
     p.add_argument("--seed", type=int, default=1)
@@ -90,12 +92,12 @@ def cmd_threads(ns: argparse.Namespace) -> int:
     if ns.duration is not None:
         common["duration_s"] = ns.duration
     if ns.recheck:
-        rc = ThreadRunConfig(backend=ns.backend, ttl_ms=ns.ttl_ms)
+        rc = ThreadRunConfig(backend=ns.backend, ttl_ms=ns.ttl_ms, workload=ns.workload)
         report = check_dir(Path(ns.recheck), rc)
         counts = ", ".join(f"{v} {k}" for k, v in report.counts().items())
         print(
             f"{report.signals} signals, {report.writes} writes, {report.checkpoints} "
-            f"checkpoints ({report.forks} forks); {counts}; "
+            f"checkpoints ({report.forks} forks); {counts}; {report.settled_line()}"
             f"{len(report.duplicates)} duplicated signals; takeover after owner kill "
             f"p50/p99/max {spread(report.takeover_ms)} ms ({len(report.takeover_ms)}), "
             f"with no other fault during it {spread(report.takeover_isolated_ms)} ms "

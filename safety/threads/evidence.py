@@ -11,6 +11,10 @@
   before a newer run's write committed cannot pass that check afterwards, so a
   write from a lower token after a higher one is a real overlap, never the
   artefact of a pause between the check and the write.
+- **Settlements** (the policies workload): one JSON line per runtime event that
+  settles a signal unrun or hands it to another's run (``coalesced``,
+  ``discarded``, ``interrupted``; ``events-*.jsonl``), written by the owner's
+  ``on_event`` as the runtime emits it, before the signal is acknowledged.
 - **Faults**: one JSON line per injected fault (``faults.jsonl``), by the runner.
 - **Checkpoints** (the LangGraph workload): every thread's checkpoint history as
   LangGraph orders it, one JSON line per checkpoint (``checkpoints.jsonl``), and
@@ -37,6 +41,7 @@ __all__ = [
     "Checkpoint",
     "Fault",
     "FinalState",
+    "Settled",
     "Sink",
     "Stored",
     "StoredLog",
@@ -44,6 +49,7 @@ __all__ = [
     "load_checkpoints",
     "load_faults",
     "load_handed",
+    "load_settled",
     "load_states",
     "load_stored",
     "load_writes",
@@ -72,6 +78,30 @@ class Stored:
     #: A poison signal: its handler always fails on it, with a CancelledError it did
     #: not ask for. The backend drops it after its attempts; it is never written.
     poison: bool = False
+    #: The policy it was sent under (the policies workload mixes them), and when
+    #: its send began: it was stored after ``t0_ns`` and before ``t_ns``.
+    policy: str = "enqueue"
+    t0_ns: int = 0
+
+    @property
+    def owed(self) -> bool:
+        """Whether a run owes it (a rejected send stored nothing)."""
+        return self.outcome != "rejected" and not self.poison
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The owner ``worker`` settled ``signal_id`` of a thread (a runtime event of ``kind``:
+    ``coalesced`` into ``detail``'s signal, ``discarded``, or ``interrupted``: skipped)."""
+
+    kind: str
+    namespace: str
+    thread: str
+    signal_id: str
+    run_id: str | None
+    detail: str | None
+    worker: str
+    t_ns: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,18 +172,31 @@ class Sink:
     def _begin(self) -> None:
         self._db.execute("BEGIN IMMEDIATE")
 
-    async def write(self, run: _Run, namespace: str, signal_id: str, attempt: int) -> None:
-        """Append one write; raises :class:`tenure.LeaseLost` (nothing written) if the run lost."""
+    def _roll_back(self) -> None:
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
+    async def write(
+        self,
+        run: _Run,
+        namespace: str,
+        signal_id: str,
+        attempt: int,
+        carried: tuple[str, ...] = (),
+    ) -> None:
+        """Append one write, after one for each signal ``carried`` into it (coalesced), in
+        one transaction; raises :class:`tenure.LeaseLost` (nothing written) if the run lost."""
         async with self._lock:
             loop = asyncio.get_running_loop()
             begun = loop.run_in_executor(self._pool, self._begin)
             try:
                 await asyncio.shield(begun)
             except asyncio.CancelledError:
-                # The lock may still be taken by the worker thread: give it back.
-                await asyncio.wait([begun])
-                if not begun.cancelled() and begun.exception() is None:
-                    self._db.execute("ROLLBACK")
+                # The lock may still be taken by the worker thread: give it back,
+                # queued behind the BEGIN on the sink's one thread. Not awaited:
+                # a second cancellation (an interrupt, then a lost lease) would
+                # end that wait and keep the lock, stalling every writer.
+                self._pool.submit(self._roll_back)
                 raise
             # From here on no await: the check and the write are one step of this
             # process, and the sink's lock keeps every other writer out.
@@ -162,20 +205,23 @@ class Sink:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            self._db.execute(
+            self._db.executemany(
                 "INSERT INTO writes (namespace, thread, token, run_id, signal_id, worker,"
                 " attempt, t_ns, wall) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    namespace,
-                    run.thread_key,
-                    run.token,
-                    run.run_id,
-                    signal_id,
-                    self.worker,
-                    attempt,
-                    time.monotonic_ns(),
-                    time.time(),
-                ),
+                [
+                    (
+                        namespace,
+                        run.thread_key,
+                        run.token,
+                        run.run_id,
+                        sid,
+                        self.worker,
+                        attempt,
+                        time.monotonic_ns(),
+                        time.time(),
+                    )
+                    for sid in (*carried, signal_id)
+                ],
             )
             self._db.execute("COMMIT")
 
@@ -190,8 +236,8 @@ class StoredLog:
     def __init__(self, path: Path) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    def record(self, stored: Stored) -> None:
-        self.line(asdict(stored))
+    def record(self, item: Stored | Settled) -> None:
+        self.line(asdict(item))
 
     def line(self, row: dict[str, Any]) -> None:
         os.write(self._fd, (json.dumps(row) + "\n").encode())
@@ -219,6 +265,10 @@ def load_handed(workdir: Path) -> Counter[str]:
     return Counter(
         row["signal_id"] for p in sorted(workdir.glob("handed-*.jsonl")) for row in _lines(p)
     )
+
+
+def load_settled(workdir: Path) -> list[Settled]:
+    return [Settled(**row) for p in sorted(workdir.glob("events-*.jsonl")) for row in _lines(p)]
 
 
 def load_writes(path: Path) -> list[Write]:

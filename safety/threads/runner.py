@@ -43,7 +43,7 @@ from typing import Any
 
 from .. import worker_env
 from ..proxy import Proxy
-from .checker import ThreadReport, check, percentile
+from .checker import ThreadReport, check, percentile, settlements
 from .evidence import (
     Fault,
     OutputSeen,
@@ -52,6 +52,7 @@ from .evidence import (
     load_faults,
     load_handed,
     load_outputs,
+    load_settled,
     load_states,
     load_stored,
     load_writes,
@@ -76,8 +77,10 @@ BACKENDS = ("sqlite", "redis", "postgres")
 # "runtime": handlers write each signal to the recording sink. "langgraph": each
 # thread runs a graph through graph_handler on a fenced saver (a SQLite file, or
 # the private PostgreSQL on the postgres backend), then writes the sink; the
-# checkpoint histories and final states are read back and judged too.
-WORKLOADS = ("runtime", "langgraph")
+# checkpoint histories and final states are read back and judged too. "policies":
+# as "runtime", each signal sent under a policy drawn from the worker's MIX; the
+# runtime's settlement events are recorded and judged (checker.settlements).
+WORKLOADS = ("runtime", "langgraph", "policies")
 KINDS: dict[str, list[str]] = {
     "sqlite": ["owner-kill", "owner-kill", "owner-pause", "owner-pause", "sender-kill"],
     "redis": [
@@ -140,8 +143,10 @@ class ThreadRunConfig:
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
-        if self.workload == "langgraph":
-            self.poison_every = 0  # the graph has no poison path
+        if self.workload != "runtime":
+            # The graph has no poison path; a policy may settle a poison signal
+            # unrun, and the loop bound counts deliveries of every one.
+            self.poison_every = 0
 
     def send_gap(self) -> tuple[float, float]:
         if self.send_gap_ms is not None:
@@ -203,8 +208,9 @@ class ThreadRunResult:
             if c.workload == "langgraph"
             else ""
         )
+        graph += r.settled_line()
         return (
-            f"{c.backend}{' [langgraph]' if c.workload == 'langgraph' else ''}"
+            f"{c.backend}{f' [{c.workload}]' if c.workload != 'runtime' else ''}"
             f"{f' [control {c.control}]' if c.control else ''}: {r.signals} signals, "
             f"{r.writes} writes, {self.workers_started} worker processes, "
             f"{len(c.thread_list())} threads, TTL {c.ttl_ms} ms; {n_faults} faults ({kinds}); "
@@ -567,11 +573,17 @@ class Injector:
         self._log.close()
 
 
-def _all_written(workdir: Path, running: list[str]) -> bool:
-    """Every running worker has finished sending, and every stored signal was written."""
+def _all_written(workdir: Path, running: list[str], rc: ThreadRunConfig) -> bool:
+    """Every running worker has finished sending, and every stored signal was written
+    (the policies workload: or settled by a rule, see checker.settlements)."""
     if not all((workdir / f"sent-{n}").exists() for n in running):
         return False
-    stored = {s.signal_id for s in load_stored(workdir) if not s.poison}
+    if rc.workload == "policies":
+        writes = load_writes(workdir / "sink.db")
+        faults = load_faults(workdir / "faults.jsonl")
+        found = settlements(load_stored(workdir), writes, load_settled(workdir), faults)
+        return not found.lost
+    stored = {s.signal_id for s in load_stored(workdir) if s.owed}
     db = sqlite3.connect(workdir / "sink.db", timeout=30)
     try:
         written = {r[0] for r in db.execute("SELECT DISTINCT signal_id FROM writes")}
@@ -588,7 +600,10 @@ def check_dir(workdir: Path, rc: ThreadRunConfig) -> ThreadReport:
     outputs = load_outputs(workdir / "outputs.jsonl")
     checkpoints = load_checkpoints(workdir / "checkpoints.jsonl")
     states = load_states(workdir / "states.jsonl")
-    return check(stored, writes, faults, load_handed(workdir), outputs, checkpoints, states)
+    settled = load_settled(workdir) if rc.workload == "policies" else None
+    return check(
+        stored, writes, faults, load_handed(workdir), outputs, checkpoints, states, settled
+    )
 
 
 async def read_outputs(url: str, rc: ThreadRunConfig, path: Path) -> None:
@@ -658,7 +673,7 @@ async def run_threads(rc: ThreadRunConfig) -> ThreadRunResult:
         at_least = rc.ttl_ms / 1000 + rc.sweep_s + 1
         while True:
             now = time.monotonic()
-            done = await asyncio.to_thread(_all_written, workdir, pool.running())
+            done = await asyncio.to_thread(_all_written, workdir, pool.running(), rc)
             if done and drained is None:
                 drained = now - healed
             if (done and now - healed >= at_least) or now - healed > heal_s:

@@ -11,6 +11,11 @@ the same id (an unknown outcome stores nothing twice) and recording each
 returned send. ``SIGUSR1`` makes it SIGKILL itself right after the next send
 returned and was recorded (the "sender killed right after a send" fault). Then
 it idles, its runtimes still sweeping, until ``<workdir>/exit`` appears.
+
+The ``policies`` workload sends each signal under a policy drawn from
+:data:`MIX`, hands a run's coalesced signals to the sink with it, records the
+runtime's settlement events (``events-*.jsonl``), and ends its sending with one
+``enqueue`` signal to every thread, which wakes what was persisted.
 """
 
 from __future__ import annotations
@@ -26,16 +31,32 @@ import signal
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from . import controls
-from .evidence import Sink, Stored, StoredLog
+from .evidence import Settled, Sink, Stored, StoredLog
 
-__all__ = ["WorkerConfig", "config_json", "main"]
+__all__ = ["DEBOUNCE_S", "MIX", "WorkerConfig", "config_json", "main"]
 
 logger = logging.getLogger("safety.threads.worker")
+
+# The policies workload's mix (relative weights) and its debounce window: every
+# policy, enqueue the most, as agent platforms' users send.
+MIX: dict[str, int] = {
+    "enqueue": 6,
+    "coalesce": 3,
+    "interrupt": 2,
+    "rollback": 1,
+    "reject": 2,
+    "discard": 2,
+    "persist": 2,
+    "debounce": 2,
+}
+DEBOUNCE_S = 0.03
+# The runtime events that settle a signal without its own run (evidence.Settled).
+SETTLING = ("coalesced", "discarded", "interrupted")
 
 
 @dataclass
@@ -53,7 +74,8 @@ class WorkerConfig:
     poison_every: int = 0
     output: bool = False  # runtimes keep output: each handled signal appends an item
     # "runtime": the handler writes each signal to the sink; "langgraph": it runs a
-    # graph on a fenced saver at ``checkpoints`` (safety.threads.graph), then writes it.
+    # graph on a fenced saver at ``checkpoints`` (safety.threads.graph), then writes it;
+    # "policies": as "runtime", each signal sent under a policy drawn from MIX.
     workload: str = "runtime"
     checkpoints: str | None = None
 
@@ -79,6 +101,7 @@ class Worker:
         self.sink = Sink(self.workdir / "sink.db", cfg.name)
         self.log = StoredLog(self.workdir / f"stored-{cfg.name}.jsonl")
         self.handed = StoredLog(self.workdir / f"handed-{cfg.name}.jsonl")
+        self.events = StoredLog(self.workdir / f"events-{cfg.name}.jsonl")
         self.kill_after_send = False
         self.runtimes: dict[str, Any] = {}
         self.backend: Any = None
@@ -111,14 +134,46 @@ class Worker:
                     # own fence must be what keeps a stale item out.
                     if self.cfg.output:
                         await append(run, {"signal": sig.id, "attempt": sig.attempt})
-                    await self.sink.write(run, namespace, sig.id, sig.attempt)
+                    carried = tuple(c.id for c in sig.coalesced)
+                    await self.sink.write(run, namespace, sig.id, sig.attempt, carried)
                 except LeaseLost:  # Fenced too
                     return
 
         return handle
 
+    def _on_event(self, namespace: str) -> Any:
+        """Record each settlement as the runtime emits it: before the signal's ack."""
+        if self.cfg.workload != "policies":
+            return None
+
+        def on_event(event: Any) -> None:
+            if event.kind in SETTLING and event.signal_id is not None:
+                self.events.record(
+                    Settled(
+                        event.kind,
+                        namespace,
+                        event.thread_key,
+                        event.signal_id,
+                        event.run_id,
+                        event.detail,
+                        self.cfg.name,
+                        time.monotonic_ns(),
+                    )
+                )
+
+        return on_event
+
+    def _policy(self) -> tuple[str, Any]:
+        """A policy drawn from MIX: its name, and what ``send_signal`` takes."""
+        if self.cfg.workload != "policies":
+            return "enqueue", None
+        from tenure import Debounce
+
+        name = self.rnd.choices(list(MIX), weights=list(MIX.values()))[0]
+        return name, Debounce(DEBOUNCE_S) if name == "debounce" else name
+
     async def _handlers(self, namespaces: list[str]) -> dict[str, Any]:
-        if self.cfg.workload == "runtime":
+        if self.cfg.workload in ("runtime", "policies"):
             return {ns: self._handler(ns) for ns in namespaces}
         from . import graph
 
@@ -147,6 +202,7 @@ class Worker:
                 namespace=ns,
                 # Every item kept for the run's check (the default keeps 10,000).
                 output=Retention(max_items=10_000_000) if self.cfg.output else False,
+                on_event=self._on_event(ns),
             )
             await rt.start()
             self.runtimes[ns] = rt
@@ -159,45 +215,61 @@ class Worker:
             await asyncio.sleep(0.02)
 
     async def send_all(self, deadline_ns: int) -> None:
-        from tenure import TenureError
-
         seq: Counter[tuple[str, str]] = Counter()
-        n = 0
         lo, hi = self.cfg.send_gap_ms
         give_up_ns = deadline_ns + 5_000_000_000
+        n = 0
         while time.monotonic_ns() < deadline_ns:
             ns, key = self.rnd.choice(self.cfg.threads)
-            seq[(ns, key)] += 1
             n += 1
-            sid = f"{self.cfg.name}.{n}"
             poison = self.cfg.poison_every > 0 and n % self.cfg.poison_every == 0
-            payload = {"sid": sid, "sender": self.cfg.name, "seq": seq[(ns, key)], "poison": poison}
-            outcome = None
-            while outcome is None and time.monotonic_ns() < give_up_ns:
-                try:
-                    result = await self.runtimes[ns].send_signal(key, payload, signal_id=sid)
-                    outcome = result.outcome
-                except (TenureError, OSError) as exc:
-                    # Unknown outcome: the same id again stores nothing twice.
-                    logger.warning("send %s failed, retrying: %r", sid, exc)
-                    await asyncio.sleep(self.rnd.uniform(0.05, 0.2))
-            if outcome is None:
-                return  # gave up: its outcome stays unknown, nothing is owed for it
-            self.log.record(
-                Stored(
-                    sid,
-                    ns,
-                    key,
-                    self.cfg.name,
-                    seq[(ns, key)],
-                    time.monotonic_ns(),
-                    outcome,
-                    poison,
-                )
-            )
-            if self.kill_after_send:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if not await self._send(seq, n, ns, key, self._policy(), poison, give_up_ns):
+                return
             await asyncio.sleep(self.rnd.uniform(lo, hi) / 1000)
+        if self.cfg.workload == "policies":
+            # The wake round: a waking signal behind whatever this worker persisted.
+            for ns, key in self.cfg.threads:
+                n += 1
+                if not await self._send(seq, n, ns, key, ("enqueue", None), False, give_up_ns):
+                    return
+
+    async def _send(
+        self,
+        seq: Counter[tuple[str, str]],
+        n: int,
+        ns: str,
+        key: str,
+        policy: tuple[str, Any],
+        poison: bool,
+        give_up_ns: int,
+    ) -> bool:
+        """Send one signal until its outcome is known and record it; ``False``: gave up."""
+        from tenure import TenureError
+
+        seq[(ns, key)] += 1
+        sid = f"{self.cfg.name}.{n}"
+        payload = {"sid": sid, "sender": self.cfg.name, "seq": seq[(ns, key)], "poison": poison}
+        name, arg = policy
+        extra = {} if arg is None else {"policy": arg}
+        outcome = None
+        t0 = time.monotonic_ns()
+        while outcome is None and time.monotonic_ns() < give_up_ns:
+            try:
+                result = await self.runtimes[ns].send_signal(key, payload, signal_id=sid, **extra)
+                outcome = result.outcome
+            except (TenureError, OSError) as exc:
+                # Unknown outcome: the same id again stores nothing twice.
+                logger.warning("send %s failed, retrying: %r", sid, exc)
+                await asyncio.sleep(self.rnd.uniform(0.05, 0.2))
+        if outcome is None:
+            return False  # gave up: its outcome stays unknown, nothing is owed for it
+        stored = Stored(
+            sid, ns, key, self.cfg.name, seq[(ns, key)], time.monotonic_ns(), outcome, poison
+        )
+        self.log.record(replace(stored, policy=name, t0_ns=t0))
+        if self.kill_after_send:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return True
 
     async def run(self) -> None:
         try:
@@ -236,6 +308,7 @@ class Worker:
         self.sink.close()
         self.log.close()
         self.handed.close()
+        self.events.close()
 
     def _arm_kill(self) -> None:
         self.kill_after_send = True
