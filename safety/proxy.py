@@ -59,6 +59,7 @@ class Proxy:
         self._mode = "pass"
         self._conns: set[_Conn] = set()
         self._server: asyncio.Server | None = None
+        self._closed = False
         self.connections = 0
 
     @property
@@ -86,8 +87,13 @@ class Proxy:
         return self
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._server is not None:
             self._server.close()
+        # A connection accepted whose handler has not started yet is known to no
+        # one but that handler: let it run, see the proxy closed, and close it
+        # (Python 3.11's Server.close leaves accepted connections open).
+        await asyncio.sleep(0)
         for conn in list(self._conns):
             conn.kill()
         self._conns.clear()
@@ -104,7 +110,7 @@ class Proxy:
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.connections += 1
         conn = _Conn(client_w)
-        if self._mode == "reset":
+        if self._mode == "reset" or self._closed:
             conn.kill()
             return
         self._conns.add(conn)
