@@ -155,9 +155,14 @@ class RecordingGraph(GraphHandler):
     async def _claim(self, run: ThreadRun) -> None:
         await self._carefully(run, lambda: super(RecordingGraph, self)._claim(run))
 
-    async def _stream(self, run: ThreadRun, signal: Signal) -> None:
-        await self._carefully(run, lambda: super(RecordingGraph, self)._stream(run, signal))
-        await self.sink.write(run, self.namespace, signal.id, signal.attempt)
+    async def _stream(self, run: ThreadRun, signal: Signal, graph_input: Any) -> None:
+        step = super()._stream
+        await self._carefully(run, lambda: step(run, signal, graph_input))
+
+    async def _run_signal(self, run: ThreadRun, signal: Signal) -> None:
+        await super()._run_signal(run, signal)
+        carried = tuple(c.id for c in signal.coalesced)
+        await self.sink.write(run, self.namespace, signal.id, signal.attempt, carried)
 
 
 def recording_handler(agent: RecordingGraph) -> Any:

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import pytest
 import pytest_asyncio
+from langgraph.types import Command
 
 import tenure
 from tenure import InvalidArgument, ThreadRuntime
@@ -24,6 +25,7 @@ from tenure.integrations.langgraph import (
     graph_handler,
     resume,
 )
+from tenure.integrations.langgraph._graph import merged_input
 from tests.postgres.helpers import drop_schema, new_schema
 from tests.support.agent_graph import build_agent
 
@@ -202,10 +204,10 @@ async def test_a_signal_delivered_again_after_later_ones_ran_is_not_answered_twi
         await agent._claim(run)
         async for signal in run.signals():
             if signal.payload == "again":
-                await agent._stream(run, dataclasses.replace(replayed[0], attempt=2))
+                await agent._run_signal(run, dataclasses.replace(replayed[0], attempt=2))
                 continue
             replayed.append(signal)
-            await agent._stream(run, signal)
+            await agent._run_signal(run, signal)
 
     async with ThreadRuntime(backend, handler, output=True, idle_timeout=0.2) as runtime:
         for text in ("hello", "and then"):
@@ -219,6 +221,61 @@ async def test_a_signal_delivered_again_after_later_ones_ran_is_not_answered_twi
         ("human", "and then"),
     ]
     assert state.values["steps"].count("chat") == 2
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("policy", ["coalesce", "debounce"])
+async def test_messages_coalesced_while_the_agent_is_busy_are_answered_once_all_seen(
+    saver: Any, backend: Any, policy: str
+) -> None:
+    """Three messages sent while the agent answers a first one, coalescing (or
+    debounced): the graph runs once more, on all three, in order, and answers once.
+    Before, graph_handler gave the graph the newest message only: the two it
+    replaced were settled as coalesced and never reached the agent."""
+    started, gate = asyncio.Event(), asyncio.Event()
+
+    async def pause() -> None:
+        started.set()
+        await gate.wait()
+
+    graph = build_agent(saver, pause)
+    agent = graph_handler(graph)
+    how: Any = tenure.Debounce(0.2) if policy == "debounce" else policy
+    async with ThreadRuntime(backend, agent, output=True, idle_timeout=5) as runtime:
+        busy = await runtime.send_signal(THREAD, {"messages": [("user", "slow one")]})
+        await asyncio.wait_for(started.wait(), 30)
+        sent = [
+            await runtime.send_signal(THREAD, {"messages": [("user", text)]}, policy=how)
+            for text in ("one", "two", "three")
+        ]
+        gate.set()
+        await runtime.wait_reply(busy, timeout=30)
+        await runtime.wait_reply(sent[-1], timeout=30)
+    state = await graph.aget_state({"configurable": {"thread_id": THREAD}})
+    assert messages(state) == [
+        ("human", "slow one"),
+        ("ai", "you said: slow one"),
+        ("human", "one"),
+        ("human", "two"),
+        ("human", "three"),
+        ("ai", "you said: three"),
+    ]
+    assert state.values["steps"].count("chat") == 2
+
+
+def test_inputs_merge_lists_in_order_and_keep_the_newest_of_anything_else() -> None:
+    inputs = [
+        {"messages": [("user", "a")], "mood": "calm"},
+        {"messages": (("user", "b"),), "mood": "cross", "extra": 1},
+        {"messages": [("user", "c")]},
+    ]
+    assert merged_input(inputs) == {
+        "messages": [("user", "a"), ("user", "b"), ("user", "c")],
+        "mood": "cross",
+        "extra": 1,
+    }
+    assert merged_input([{"messages": []}, resume("yes")]) is not None  # a plain mapping
+    assert merged_input([{"messages": []}, Command(resume="yes")]) is None
 
 
 @pytest.mark.asyncio

@@ -58,6 +58,29 @@ def _input(payload: Any) -> Any:
     return payload
 
 
+def merged_input(inputs: Sequence[Any]) -> Any | None:
+    """One graph input for the inputs of a signal and those coalesced into it
+    (oldest first), or ``None`` when they cannot be merged (one is not a mapping:
+    a resume, or what a custom ``input`` made).
+
+    A key whose every value is a list (or tuple) gets them all, concatenated in
+    order, so a reducer that appends (``add_messages``, ``operator.add``) sees
+    every message; any other key takes the newest value, as applying the inputs
+    one after another would leave it.
+    """
+    if not all(isinstance(i, Mapping) for i in inputs):
+        return None
+    merged: dict[Any, Any] = {}
+    for one in inputs:
+        for key, value in one.items():
+            before = merged.get(key)
+            if isinstance(before, list) and isinstance(value, list | tuple):
+                merged[key] = [*before, *value]
+            else:
+                merged[key] = list(value) if isinstance(value, tuple) else value
+    return merged
+
+
 def jsonable(value: Any) -> Any:
     """``value`` as JSON (messages, pydantic models and dataclasses by their fields)."""
     if value is None or isinstance(value, str | int | float | bool):
@@ -169,7 +192,7 @@ class GraphHandler:
         await self._claim(run)
         async for signal in run.signals():
             try:
-                await self._stream(run, signal)
+                await self._run_signal(run, signal)
             except asyncio.CancelledError:
                 if run.interrupted:
                     self._interrupted[run.thread_key] = (run.run_id, signal.id, run.token)
@@ -215,12 +238,27 @@ class GraphHandler:
         snapshot = await self.graph.aget_state(found.config)
         return not snapshot.next or any(task.interrupts for task in snapshot.tasks)
 
-    async def _stream(self, run: ThreadRun, signal: Signal) -> None:
+    async def _run_signal(self, run: ThreadRun, signal: Signal) -> None:
+        """Run the graph for ``signal`` and those coalesced into it: once, on their
+        merged input (:func:`merged_input`), or once each, oldest first, when their
+        inputs do not merge."""
+        if not signal.coalesced:
+            await self._stream(run, signal, self.input(signal.payload))
+            return
+        signals = [*signal.coalesced, dataclasses.replace(signal, coalesced=())]
+        merged = merged_input([self.input(s.payload) for s in signals])
+        if merged is not None:
+            await self._stream(run, signal, merged)
+            return
+        for one in signals:
+            await self._stream(run, one, self.input(one.payload))
+
+    async def _stream(self, run: ThreadRun, signal: Signal, graph_input: Any) -> None:
         if await self._finished_before(run, signal):
             return
         modes = list(dict.fromkeys((*self.stream_mode, "updates")))
         stream = self.graph.astream(
-            self.input(signal.payload),
+            graph_input,
             self.config_for(run, signal),
             stream_mode=modes,
             durability=self.durability,
@@ -288,7 +326,13 @@ def graph_handler(
     key, ``fencing_token`` the run's token (so a fenced saver refuses the
     writes of a run that lost the thread), ``metadata["run_id"]`` the signal's
     id. Its input is the signal's payload, or ``Command(resume=value)`` for a
-    payload made by :func:`resume`; ``input`` maps a payload otherwise.
+    payload made by :func:`resume`; ``input`` maps a payload otherwise. A
+    signal that carries others (``Signal.coalesced``, under the ``coalesce``
+    and ``Debounce`` policies) runs the graph once, on their inputs merged,
+    oldest first (:func:`merged_input`: lists such as ``messages``
+    concatenated, other keys the newest value), so the agent answers once,
+    seeing every message; inputs that do not merge (a resume) run one after
+    another.
 
     With a runtime that keeps output (``output=True``) each chunk of the
     ``stream_mode``\\ s goes to the thread's output, its kind the mode's name
