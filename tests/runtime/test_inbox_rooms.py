@@ -411,3 +411,14 @@ async def test_an_interrupt_skips_the_debounced_signals_held_for_a_newer_one() -
     skipped = inbox.skip_through("i", 6.0)
     assert [s.id for s in skipped] == ["a"] and seen.skipped == ["a"]
     assert not inbox.held and not inbox.has_work
+
+
+@pytest.mark.asyncio
+async def test_a_debounced_signal_an_interrupt_skipped_is_no_longer_waited_for() -> None:
+    seen = Recorder()
+    inbox = inbox_of(seen)
+    inbox.heard("d", 0.5)  # d's request came first: d is announced
+    assert inbox._debounce.announcing
+    inbox.skip_through("i", 6.0)
+    assert inbox._admit(arriving("d", 5.0)) is None  # sent before i: skipped
+    assert not inbox._debounce.announcing  # a later held signal does not wait for it

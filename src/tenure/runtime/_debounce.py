@@ -74,6 +74,11 @@ class Debounce:
         self.heard(signal_id, window, known=True)
         self._announced.pop(signal_id, None)
 
+    def forget(self, signal_id: str) -> None:
+        """``signal_id`` arrived and was settled without a run (a request skipped it):
+        it is no longer on its way."""
+        self._announced.pop(signal_id, None)
+
     def quiet(self, now: float) -> bool:
         """Whether the quiet window has passed at ``now`` (the loop's clock)."""
         return now >= self._heard_at + self._window

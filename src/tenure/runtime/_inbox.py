@@ -163,7 +163,9 @@ class Inbox:
             attempt=event.attempt,
         )
         if self._skips.settles(arrived):
+            # Settled here: a carry or a debounce waiting for it waits no more.
             self._carry.forget(arrived.id)
+            self._debounce.forget(arrived.id)
             return None  # acknowledged unrun: a request skipped or discarded it
         signal = self._carry.arrived(arrived)
         if signal is None:
