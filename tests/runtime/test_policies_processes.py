@@ -205,6 +205,38 @@ async def test_the_owner_killed_while_signals_wait_loses_nothing_its_policy_does
 
 
 @pytest.mark.asyncio
+async def test_an_owner_killed_between_reads_strands_nothing_behind_a_persisted_signal(
+    spawn: Spawner,
+) -> None:
+    # Found by the thread harness's policy mix (SQLite soak): the owner had
+    # acknowledged everything it read when it died; behind it a persisted signal,
+    # then signals sent to its active run ("deliver"). The next owner read the
+    # persisted one first, not awake, ended there, and the rest waited for a
+    # send that never came. A persisted signal stored while a run holds the
+    # thread is now taken in order by whoever reads it.
+    owner = await spawn("owner", "--idle", "30")
+    heir = await spawn("heir", "--idle", "0.3")
+    sender = await spawn("sender", "--idle", "0.3")
+    first = await owner.send("thread", "first")
+    await owner.wait(lambda: bool(owner.of("done", sid=first["signal_id"])))
+    await asyncio.sleep(0.3)  # the run asked for its next signal: "first" is acknowledged
+    owner.pause()  # reads nothing more, and holds the thread until its lease expires
+    kept = await sender.send("thread", "kept", policy="persist")
+    behind = [await sender.send("thread", n, policy="enqueue") for n in range(2)]
+    assert kept["outcome"] == "persisted"
+    assert {d["outcome"] for d in behind} == {"deliver"}
+    owner.kill()
+    workers = [owner, heir, sender]
+
+    def ran() -> list[str]:
+        return [d["sid"] for w in workers for d in w.of("done")]
+
+    await eventually(lambda: behind[-1]["signal_id"] in ran(), timeout=60)
+    assert ran()[1:] == [kept["signal_id"], *(d["signal_id"] for d in behind)]
+    assert_never_two_runs(workers, "thread")
+
+
+@pytest.mark.asyncio
 async def test_persisted_signals_outlive_their_sender_and_run_first_at_the_next_wake(
     spawn: Spawner,
 ) -> None:

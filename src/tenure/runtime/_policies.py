@@ -18,7 +18,15 @@ from ._inbox import Inbox
 from ._run import RunEnd, ThreadRun, current_signal, stop
 from ._types import MAX_WINDOW, Debounce, Policy
 
-__all__ = ["RULES", "SendRule", "overtake", "rule_for", "rule_on_wire", "wakes_on_wire"]
+__all__ = [
+    "RULES",
+    "STORED_AWAKE",
+    "SendRule",
+    "overtake",
+    "rule_for",
+    "rule_on_wire",
+    "wakes_on_wire",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +126,22 @@ def rule_on_wire(data: dict[str, Any], default: SendRule | None) -> SendRule | N
     return RULES.get(policy, default) if isinstance(policy, str) else default
 
 
+# The mark of a signal that does not wake its thread (``persist``) stored while a
+# run held the thread: the thread was awake, so whoever reads it runs it in order,
+# as an awake session would (see :func:`wakes_on_wire`).
+STORED_AWAKE = "awake"
+
+
 def wakes_on_wire(data: dict[str, Any], default: SendRule) -> bool:
-    """Whether a stored signal's rule (``default`` when it names none) wakes its thread."""
+    """Whether a stored signal's rule (``default`` when it names none) wakes its thread.
+
+    A ``persist`` signal stored while a run held the thread (:data:`STORED_AWAKE`)
+    does: should that run's owner die before reading it, the next owner reads it
+    first, and would otherwise end at it and strand the signals behind it, sent
+    to a thread whose run was active.
+    """
+    if data.get(STORED_AWAKE) is True:
+        return True
     rule = rule_on_wire(data, default)
     return rule is None or rule.wakes
 

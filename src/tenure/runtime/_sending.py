@@ -27,7 +27,7 @@ from ._identity import is_opening, run_of
 from ._log import INTERRUPT, SIGNAL_TYPE, RuntimeLog
 from ._names import ThreadNames
 from ._observe import Emit
-from ._policies import SendRule
+from ._policies import STORED_AWAKE, SendRule
 from ._session import Session
 from ._sessions import KNOWN_TOPICS, Sessions
 from ._types import SendResult
@@ -42,6 +42,13 @@ HELD_ELSEWHERE_FOR = 0.05
 # How long a sender waits while a new thread's lease is refused with no holder
 # (Redis's quarantine after a start lasts max_ttl_ms, 60 s by default, + 1 s + 1%).
 NO_HOLDER_WAIT = 65.0
+
+
+def _mark_if_awake(event: Event, rule: SendRule, owner: str | None) -> None:
+    """Mark a signal that wakes nothing as stored while a run held its thread
+    (``owner``, read before it is stored; see :data:`~._policies.STORED_AWAKE`)."""
+    if not rule.wakes and owner is not None and not is_opening(owner):
+        event.data[STORED_AWAKE] = True
 
 
 class Sender:
@@ -81,12 +88,15 @@ class Sender:
                 # from the log. Should that run have closed since, the signal is
                 # started by the sweep (within sweep_interval), as one sent just
                 # after its close marker always is.
+                _mark_if_awake(event, rule, held[0])
                 outcome: SendResult | tuple[Event, str | None] = (
                     await self._log.publish(name, event),
                     held[0],
                 )
             elif not rule.wakes and self._sessions.knows(name):
                 # Stored, waking nothing: an awake session reads it, or the next wake's.
+                owner = await self._sessions.ctx.provider.get_lease_owner(name)
+                _mark_if_awake(event, rule, owner)
                 outcome = await self._log.publish(name, event), None
             elif rule.admitted_while_active and self._sessions.knows(name):
                 outcome = await self._publish_and_try(thread_key, name, event, rule)
@@ -117,6 +127,8 @@ class Sender:
             return self._rejected(session.thread_key, session.run_id, event.id, rule)
         if rule.wakes:
             session.waking()
+        elif session.inbox.awake:
+            _mark_if_awake(event, rule, session.owner)
         stored = await self._log.publish(name, event)
         session.sent_here(rule, stored.id or "", stored.created_at or time.time())
         return self._delivered(session.thread_key, session.run_id, stored, rule)
@@ -205,6 +217,7 @@ class Sender:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.05)
                 continue
+            _mark_if_awake(event, rule, owner)
             stored = await self._log.publish(name, event)
             self._sessions.remember(name)
             return stored, owner

@@ -120,8 +120,9 @@ class SendResult:
     signal was not stored. ``"persisted"`` (only with the ``persist`` policy):
     the signal was stored and this send started no run (``run_id`` is
     ``None``); a session of the thread that is awake takes it in order, as it
-    would an ``enqueue`` one, otherwise it waits, stored, for the thread's next
-    waking send, whose run takes it first. ``policy`` is the policy the signal was sent under
+    would an ``enqueue`` one (so does the next owner, should a run hold the
+    thread when it is stored and its owner die), otherwise it waits, stored,
+    for the thread's next waking send, whose run takes it first. ``policy`` is the policy the signal was sent under
     (the send's own, or the runtime's default); it travels with the signal, so
     the thread's owner applies it whatever its own default.
 
