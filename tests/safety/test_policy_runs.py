@@ -91,6 +91,19 @@ def test_an_interrupt_settles_the_signals_sent_before_it_never_one_sent_after() 
     assert settlements(stored[1:2], [], settled).lost == stored[1:2]
 
 
+def test_a_skipped_signal_run_later_by_the_next_owner_is_counted_not_reordered() -> None:
+    # The skip's acknowledgement was lost with its owner: the next owner ran the
+    # skipped signal, after the interrupting one had run.
+    stored = [sent("s1", "enqueue", 0, 1), sent("s2", "interrupt", 2, 3)]
+    settled = [event("interrupted", "s1", 4, "skipped")]
+    writes = [wrote(1, "s2", 5), wrote(2, "s1", 9), wrote(3, "s2", 9)]
+    report = check(stored, writes, settled=settled)
+    assert report.violations == 0
+    assert report.settled == {"skipped, then run by the next owner (the skip's ack lost)": 1}
+    # Without the skip's event the same writes are out of order.
+    assert check(stored, writes, settled=[]).counts()["order"] == 1
+
+
 def test_a_coalesced_signal_is_settled_with_the_signal_it_went_into() -> None:
     stored = [sent("s1", "enqueue", 0, 1), sent("s2", "coalesce", 2, 3)]
     into = [event("coalesced", "s1", 4, "into s2")]
@@ -134,7 +147,7 @@ def test_check_reports_settlements_and_counts_wrong_ones_as_violations() -> None
     assert report.counts()["wrong settlements"] == 1
     assert report.counts()["lost"] == 1
     assert report.violations == 2
-    assert report.settled_line() == "settled without their own run: none; "
+    assert report.settled_line() == "settlements: none; "
     # Without settlement evidence (other workloads), the plain rule: written or lost.
     assert check(stored, [wrote(1, "s2", 4)]).settled is None
 
