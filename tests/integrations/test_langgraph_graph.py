@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -62,6 +62,18 @@ async def backend(tmp_path: Path) -> AsyncIterator[Any]:
         yield b
 
 
+def gated() -> tuple[asyncio.Event, asyncio.Event, Callable[[], Awaitable[None]]]:
+    """The agent's ``slow`` step as a gate: ``started`` once a run reaches it, and
+    the run waits there until ``gate`` is set."""
+    started, gate = asyncio.Event(), asyncio.Event()
+
+    async def pause() -> None:
+        started.set()
+        await gate.wait()
+
+    return started, gate, pause
+
+
 def messages(state: Any) -> list[tuple[str, str]]:
     return [(m.type, m.content) for m in state.values["messages"]]
 
@@ -105,12 +117,7 @@ def sent_token(items: list[Any]) -> int:
 async def test_rollback_removes_the_interrupted_runs_checkpoints(
     saver: Any, backend: Any, policy: str
 ) -> None:
-    started, gate = asyncio.Event(), asyncio.Event()
-
-    async def pause() -> None:
-        started.set()
-        await gate.wait()
-
+    started, _gate, pause = gated()  # never opened: the run is interrupted there
     graph = build_agent(saver, pause)
     agent = graph_handler(graph)
     async with ThreadRuntime(
@@ -232,12 +239,7 @@ async def test_messages_coalesced_while_the_agent_is_busy_are_answered_once_all_
     debounced): the graph runs once more, on all three, in order, and answers once.
     Before, graph_handler gave the graph the newest message only: the two it
     replaced were settled as coalesced and never reached the agent."""
-    started, gate = asyncio.Event(), asyncio.Event()
-
-    async def pause() -> None:
-        started.set()
-        await gate.wait()
-
+    started, gate, pause = gated()
     graph = build_agent(saver, pause)
     agent = graph_handler(graph)
     how: Any = tenure.Debounce(0.2) if policy == "debounce" else policy

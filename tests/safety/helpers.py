@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from safety.history import INF, Op
+from safety.threads.runner import ThreadRunConfig, ThreadRunResult, run_threads
 
 MS = 1_000_000
 
@@ -45,3 +47,12 @@ def granted(owner: str = "") -> dict[str, Any]:
 
 def denied(holder: str | None) -> dict[str, Any]:
     return {"acquired": False, "owner": holder}
+
+
+def run_and_show(rc: ThreadRunConfig) -> ThreadRunResult:
+    """A thread run of the harness, its figure line and violations printed (pytest -s)."""
+    result = asyncio.run(run_threads(rc))
+    print(result.figure_line())
+    for line in result.report.describe():
+        print("  " + line)
+    return result

@@ -22,7 +22,8 @@ import pytest
 
 from safety.threads.checker import check, settlements
 from safety.threads.evidence import Fault, Settled, Sink, Stored, Write
-from safety.threads.runner import ThreadRunConfig, ThreadRunResult, run_threads
+from safety.threads.runner import ThreadRunConfig
+from tests.safety.helpers import run_and_show
 
 MS = 1_000_000
 
@@ -206,21 +207,13 @@ async def test_a_write_cancelled_twice_while_it_waits_for_the_sink_keeps_no_lock
 # -- real runs -------------------------------------------------------------------------
 
 
-def _run(rc: ThreadRunConfig) -> ThreadRunResult:
-    result = asyncio.run(run_threads(rc))
-    print(result.figure_line())
-    for line in result.report.describe():
-        print("  " + line)
-    return result
-
-
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("backend", ["sqlite", "redis", "postgres"])
 def test_a_short_policy_mix_with_faults_loses_nothing(backend: str, tmp_path: Path) -> None:
     rc = ThreadRunConfig(
         backend=backend, duration_s=15.0, seed=3, workdir=str(tmp_path), workload="policies"
     )
-    res = _run(rc)
+    res = run_and_show(rc)
     assert res.violations == 0, "\n".join(res.report.describe())
     assert res.drained_s is not None, "stored signals neither written nor settled after healing"
     assert res.report.signals >= 300
@@ -243,7 +236,7 @@ def test_a_policy_mix_without_faults_settles_nothing_silently(tmp_path: Path) ->
         workload="policies",
         faults=False,
     )
-    res = _run(rc)
+    res = run_and_show(rc)
     assert res.violations == 0, "\n".join(res.report.describe())
     assert res.drained_s is not None
     assert res.report.signals >= 300

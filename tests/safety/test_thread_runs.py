@@ -11,7 +11,6 @@ control must be caught. The soak is ``python -m safety threads --duration ...``
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +34,8 @@ from safety.threads.checker import (
 )
 from safety.threads.controls import CONTROLS
 from safety.threads.evidence import Checkpoint, Fault, FinalState, Stored, Write
-from safety.threads.runner import ThreadRunConfig, ThreadRunResult, control_config, run_threads
+from safety.threads.runner import ThreadRunConfig, control_config
+from tests.safety.helpers import run_and_show
 
 MS = 1_000_000
 
@@ -362,18 +362,12 @@ def test_a_poison_signal_is_judged_by_its_handings_not_as_lost() -> None:
 # -- real runs -------------------------------------------------------------------------
 
 
-def _run(rc: ThreadRunConfig) -> ThreadRunResult:
-    result = asyncio.run(run_threads(rc))
-    print(result.figure_line())
-    for line in result.report.describe():
-        print("  " + line)
-    return result
-
-
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("backend", ["sqlite", "redis", "postgres"])
 def test_short_run_with_faults_has_no_violation(backend: str, tmp_path: Path) -> None:
-    res = _run(ThreadRunConfig(backend=backend, duration_s=15.0, seed=11, workdir=str(tmp_path)))
+    res = run_and_show(
+        ThreadRunConfig(backend=backend, duration_s=15.0, seed=11, workdir=str(tmp_path))
+    )
     assert res.violations == 0, "\n".join(res.report.describe())
     assert res.drained_s is not None, "stored signals still unwritten after healing"
     # The run must have done something worth checking.
@@ -391,7 +385,9 @@ def test_negative_control_is_caught(control: str, tmp_path: Path) -> None:
     # on a quiet machine; a loaded one does less work per run).
     started, seed = time.monotonic(), 5
     while True:
-        res = _run(control_config(backend, control, seed=seed, workdir=str(tmp_path / str(seed))))
+        res = run_and_show(
+            control_config(backend, control, seed=seed, workdir=str(tmp_path / str(seed)))
+        )
         if res.violations or time.monotonic() - started > 150:
             break
         seed += 1
@@ -414,7 +410,7 @@ def test_signals_sent_during_a_fresh_redis_quarantine_are_not_lost(tmp_path: Pat
     # Found by this harness: the first signals of new threads, sent while a fresh
     # Redis refused grants with no holder, were published before the thread's
     # consumer group existed and never run. No faults: nothing else explains a loss.
-    res = _run(
+    res = run_and_show(
         ThreadRunConfig(
             backend="redis",
             duration_s=4.0,
