@@ -40,10 +40,12 @@ sent after; and the one documented gap, a signal carried into a ``coalesce`` or
 (docs/policies.md). An ``interrupted`` event for a signal sent after every
 interrupt of its thread returned is a **late interrupt**, and a ``discarded``
 event for a signal not sent under ``discard`` is a **wrong settlement**: both
-violations. A signal an interrupt skipped (its event says so) that a run
-wrote all the same was skipped by an owner whose acknowledgement of the skip
-was lost with it (killed, cut off): the next owner ran it, after the signal
-that skipped it. It is counted, and left out of the **order** check.
+violations. A signal settled unrun (skipped or discarded: its event says so)
+that a run wrote all the same, with a fault between (under way at the
+settlement, or begun before that write), was settled by an owner whose
+acknowledgement was lost with it or the server: the next owner ran it, after
+newer signals. It is counted, and left out of the **order** check; without
+such a fault it is a **wrong settlement** (settled and run).
 
 Reported, never failed: **duplicates** (a signal written more than once:
 delivery is at least once), the **takeover delays** after owner kills, and
@@ -166,9 +168,10 @@ class Settlements:
     counts: Counter[str] = field(default_factory=Counter)
     lost: list[Stored] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
-    # Skipped by an interrupt (its event said so) and yet written: the skip's
-    # acknowledgement was lost with its owner, and the next owner ran it, after
-    # the signal that skipped it. Left out of the order check, counted.
+    # Settled unrun (skipped or discarded: its event said so) and yet written, a
+    # fault between: the settlement's acknowledgement was lost with its owner (or
+    # the server), and the next owner ran it, after newer signals. Left out of
+    # the order check, counted.
     revived: set[str] = field(default_factory=set)
 
 
@@ -191,17 +194,21 @@ def settlements(
     first = _first_writes(writes)
     events: dict[str, set[str]] = defaultdict(set)
     into: dict[str, tuple[str, int]] = {}  # coalesced signal -> (its carrier, when)
+    unrun_at: dict[str, int] = {}  # signal settled unrun -> when it first was
     for e in settled:
         # An "interrupted" event names a settled signal by these details; the
         # request's own (the interrupting signal, "<n> waiting ...") settles nothing.
         if e.kind != "interrupted" or e.detail in _SKIPPED:
             events[e.signal_id].add(e.kind)
+            if e.kind != "coalesced":
+                unrun_at[e.signal_id] = min(e.t_ns, unrun_at.get(e.signal_id, e.t_ns))
         if e.kind == "coalesced" and e.detail is not None:
             into[e.signal_id] = (e.detail.removeprefix("into "), e.t_ns)
     by_thread: dict[tuple[str, str], list[Stored]] = defaultdict(list)
     for s in stored:
         by_thread[(s.namespace, s.thread)].append(s)
-    starts = sorted(f.start_ns for f in faults)
+    spans = list(faults)
+    starts = sorted(f.start_ns for f in spans)
 
     def after(s: Stored, policies: tuple[str, ...]) -> list[Stored]:
         """The thread's signals of ``policies`` whose send returned after ``s``'s began."""
@@ -211,9 +218,13 @@ def settlements(
             if o.policy in policies and o.t_ns > s.t0_ns and o is not s
         ]
 
-    def fault_between(since: int, signal_id: str) -> bool:
-        """A fault began after ``since`` and before ``signal_id``'s first write (if any)."""
+    def fault_between(since: int, signal_id: str, *, settled_first: bool = False) -> bool:
+        """A fault began after ``since`` and before ``signal_id``'s first write (if
+        any); with ``settled_first``, or was under way at ``since`` (a pause or a
+        black hole that began before the settlement can still keep its ack)."""
         end = first[signal_id].t_ns if signal_id in first else math.inf
+        if settled_first and any(f.start_ns <= since <= f.end_ns for f in spans):
+            return True
         i = bisect.bisect_left(starts, since)
         return i < len(starts) and starts[i] <= end
 
@@ -230,9 +241,18 @@ def settlements(
                 "skipped, sent after every interrupt of its thread returned"
             )
         if s.signal_id in written:
-            if "interrupted" in kinds:
-                out.revived.add(s.signal_id)
-                out.counts["skipped, then run by the next owner (the skip's ack lost)"] += 1
+            # Settled before its first write (a settlement after it is of a copy
+            # delivered again, the one that ran being unacknowledged).
+            if s.signal_id in unrun_at and unrun_at[s.signal_id] < first[s.signal_id].t_ns:
+                if fault_between(unrun_at[s.signal_id], s.signal_id, settled_first=True):
+                    out.revived.add(s.signal_id)
+                    out.counts["settled unrun, then run by the next owner (its ack lost)"] += 1
+                else:
+                    out.wrong.append(
+                        f"settled and run: {s.signal_id} ({s.policy}) to {s.namespace}/"
+                        f"{s.thread} was {'/'.join(sorted(kinds))} and later written, "
+                        "with no fault between to lose the settlement"
+                    )
             continue
         carrier, carried_at = into.get(s.signal_id, ("", 0))
         if "discarded" in kinds and s.policy == "discard":

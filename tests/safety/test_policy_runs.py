@@ -98,11 +98,22 @@ def test_a_skipped_signal_run_later_by_the_next_owner_is_counted_not_reordered()
     stored = [sent("s1", "enqueue", 0, 1), sent("s2", "interrupt", 2, 3)]
     settled = [event("interrupted", "s1", 4, "skipped")]
     writes = [wrote(1, "s2", 5), wrote(2, "s1", 9), wrote(3, "s2", 9)]
-    report = check(stored, writes, settled=settled)
+    report = check(stored, writes, [fault(6)], settled=settled)
     assert report.violations == 0
-    assert report.settled == {"skipped, then run by the next owner (the skip's ack lost)": 1}
+    assert report.settled == {"settled unrun, then run by the next owner (its ack lost)": 1}
+    # A discard lost so is counted the same.
+    discarded = [event("discarded", "s1", 4)]
+    as_discard = [sent("s1", "discard", 0, 1), stored[1]]
+    assert check(as_discard, writes, [fault(6)], settled=discarded).violations == 0
     # Without the skip's event the same writes are out of order.
-    assert check(stored, writes, settled=[]).counts()["order"] == 1
+    assert check(stored, writes, [fault(6)], settled=[]).counts()["order"] == 1
+    # Without a fault between, nothing could lose the skip: settled and run.
+    alone = check(stored, writes, [fault(10)], settled=settled)
+    assert alone.counts()["wrong settlements"] == 1
+    assert "settled and run: s1" in alone.wrong_settlements[0]
+    # Written first, skipped later: a copy delivered again was skipped; nothing to say.
+    ran_first = [wrote(1, "s1", 3), wrote(2, "s2", 5)]
+    assert check(stored, ran_first, settled=settled).violations == 0
 
 
 def test_a_coalesced_signal_is_settled_with_the_signal_it_went_into() -> None:
