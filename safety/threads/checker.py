@@ -204,19 +204,53 @@ def settlements(
                 unrun_at[e.signal_id] = min(e.t_ns, unrun_at.get(e.signal_id, e.t_ns))
         if e.kind == "coalesced" and e.detail is not None:
             into[e.signal_id] = (e.detail.removeprefix("into "), e.t_ns)
-    by_thread: dict[tuple[str, str], list[Stored]] = defaultdict(list)
+    # Per thread, what the rules ask of the signals sent after another, each
+    # answered in O(log n): the latest return of an interrupting send; the
+    # latest start of a send that wakes; the carrying sends by return time, with
+    # the latest first write (inf: none) of those returning at or after each.
+    interrupts: dict[tuple[str, str], list[int]] = defaultdict(list)
+    last_waking: dict[tuple[str, str], int] = defaultdict(lambda: -1)
+    carriers: dict[tuple[str, str], list[Stored]] = defaultdict(list)
     for s in stored:
-        by_thread[(s.namespace, s.thread)].append(s)
+        thread = (s.namespace, s.thread)
+        if s.policy in _INTERRUPTING:
+            interrupts[thread].append(s.t_ns)
+        if s.policy != "persist":
+            last_waking[thread] = max(last_waking[thread], s.t0_ns)
+        if s.policy in _CARRYING:
+            carriers[thread].append(s)
+    for returns in interrupts.values():
+        returns.sort()
+    carried_by: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+    for thread, cs in carriers.items():
+        cs.sort(key=lambda c: c.t_ns)
+        ends = [first[c.signal_id].t_ns if c.signal_id in first else math.inf for c in cs]
+        for i in range(len(ends) - 2, -1, -1):
+            ends[i] = max(ends[i], ends[i + 1])
+        carried_by[thread] = ([c.t_ns for c in cs], ends)
     spans = list(faults)
     starts = sorted(f.start_ns for f in spans)
 
-    def after(s: Stored, policies: tuple[str, ...]) -> list[Stored]:
-        """The thread's signals of ``policies`` whose send returned after ``s``'s began."""
-        return [
-            o
-            for o in by_thread[(s.namespace, s.thread)]
-            if o.policy in policies and o.t_ns > s.t0_ns and o is not s
-        ]
+    def interrupted_after(s: Stored) -> bool:
+        """Another interrupt or rollback to ``s``'s thread returned after ``s``'s send began."""
+        returns = interrupts[(s.namespace, s.thread)]
+        later = len(returns) - bisect.bisect_right(returns, s.t0_ns)
+        return later - (s.policy in _INTERRUPTING and s.t_ns > s.t0_ns) > 0
+
+    def carried_then_faulted(s: Stored) -> bool:
+        """Another carrying signal of ``s``'s thread returned after ``s``'s send began,
+        and a fault began after that and before the carrier's first write."""
+        j = bisect.bisect_left(starts, s.t0_ns)
+        if j == len(starts):
+            return False
+        if s.policy in _CARRYING:  # rare (unwritten, no event): look at each other one
+            return any(
+                c is not s and c.t_ns > s.t0_ns and fault_between(s.t0_ns, c.signal_id)
+                for c in carriers[(s.namespace, s.thread)]
+            )
+        times, ends = carried_by.get((s.namespace, s.thread), ([], []))
+        i = bisect.bisect_right(times, s.t0_ns)
+        return i < len(times) and starts[j] <= ends[i]
 
     def fault_between(since: int, signal_id: str, *, settled_first: bool = False) -> bool:
         """A fault began after ``since`` and before ``signal_id``'s first write (if
@@ -235,7 +269,7 @@ def settlements(
                 f"wrong settlement: {s.signal_id} ({s.policy}) to {s.namespace}/{s.thread} "
                 "was discarded"
             )
-        if "interrupted" in kinds and not after(s, _INTERRUPTING):
+        if "interrupted" in kinds and not interrupted_after(s):
             out.wrong.append(
                 f"late interrupt: {s.signal_id} ({s.policy}) to {s.namespace}/{s.thread} was "
                 "skipped, sent after every interrupt of its thread returned"
@@ -263,13 +297,9 @@ def settlements(
             out.counts["coalesced into a signal an interrupt settled"] += 1
         elif carrier and fault_between(carried_at, carrier):
             out.counts["coalesced into a run a fault ended"] += 1
-        elif s.policy == "persist" and not [
-            o
-            for o in by_thread[(s.namespace, s.thread)]
-            if o.policy != "persist" and o.t0_ns > s.t_ns
-        ]:
+        elif s.policy == "persist" and last_waking[(s.namespace, s.thread)] <= s.t_ns:
             out.counts["persisted, never woken"] += 1
-        elif not carrier and any(fault_between(s.t0_ns, c.signal_id) for c in after(s, _CARRYING)):
+        elif not carrier and carried_then_faulted(s):
             out.counts["carried, its owner ended by a fault before the run"] += 1
         else:
             out.lost.append(s)

@@ -116,6 +116,16 @@ def test_a_skipped_signal_run_later_by_the_next_owner_is_counted_not_reordered()
     assert check(stored, ran_first, settled=settled).violations == 0
 
 
+def test_an_interrupt_skipped_with_no_other_interrupt_after_it_is_a_late_interrupt() -> None:
+    # Its own send does not count as the interrupt that skipped it.
+    alone = [sent("s1", "interrupt", 0, 3)]
+    found = settlements(alone, [], [event("interrupted", "s1", 4, "skipped")])
+    assert found.wrong and found.wrong[0].startswith("late interrupt: s1")
+    # Nor does a carrying signal carry itself: unwritten, with a fault, it is lost.
+    carrier = [sent("s1", "coalesce", 0, 3)]
+    assert settlements(carrier, [], [], [fault(5)]).lost == carrier
+
+
 def test_a_coalesced_signal_is_settled_with_the_signal_it_went_into() -> None:
     stored = [sent("s1", "enqueue", 0, 1), sent("s2", "coalesce", 2, 3)]
     into = [event("coalesced", "s1", 4, "into s2")]
